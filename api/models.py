@@ -1,0 +1,251 @@
+"""Wire models of the REST API: what a request may say and what a response holds.
+
+This module imports pydantic and nothing heavy, so the client package (`eft`) reuses it on a
+laptop with no torch, ray or fastapi installed. Field names follow the request contract in
+docs/api.md; unknown fields are refused so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class _Response(BaseModel):
+    # Responses tolerate fields a newer server adds, so an old client keeps working.
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class JobStatus(str, Enum):
+    """Statuses a user sees. Internal phases (scheduling, resizing) are events, not statuses."""
+
+    validating = "validating"
+    queued = "queued"
+    running = "running"
+    cancelling = "cancelling"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+# --- the job request -----------------------------------------------------------------------
+
+
+class LoraMethod(_Request):
+    """Low-rank adapters on the chosen linear layers; the base model stays frozen."""
+
+    type: Literal["lora"] = "lora"
+    r: int = Field(8, ge=1, le=1024, description="Rank of the LoRA update matrices.")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Module name suffixes to adapt (e.g. ['q_proj', 'v_proj']) or 'all-linear'.",
+    )
+
+
+class QloraMethod(LoraMethod):
+    """LoRA on a base model loaded in 4 bits through bitsandbytes."""
+
+    type: Literal["qlora"] = "qlora"  # type: ignore[assignment]
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type.")
+    double_quant: bool = Field(True, description="Quantize the quantization constants too.")
+
+
+class FullMethod(_Request):
+    """Every parameter of the base model is trained."""
+
+    type: Literal["full"] = "full"
+
+
+Method = Annotated[LoraMethod | QloraMethod | FullMethod, Field(discriminator="type")]
+
+
+class Hyperparameters(_Request):
+    epochs: float | None = Field(
+        None, gt=0, le=1000, description="Passes over the training set; ignored when max_steps is set."
+    )
+    max_steps: int | None = Field(None, ge=1, le=10_000_000, description="Optimizer steps to run.")
+    learning_rate: float = Field(2e-4, gt=0, le=1.0, description="Peak learning rate.")
+    lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup, in optimizer steps.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; null disables.")
+    global_batch_size: int = Field(
+        8, ge=1, le=65536, description="Examples per optimizer step, whatever the worker count."
+    )
+    micro_batch_size: int = Field(4, ge=1, le=4096, description="Examples per forward pass.")
+    max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longer examples are truncated.")
+    seed: int = Field(42, ge=0, le=2**31 - 1)
+    log_every_steps: int = Field(1, ge=1, description="Report metrics every this many steps.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Hyperparameters:
+        if self.micro_batch_size > self.global_batch_size:
+            raise ValueError(
+                "micro_batch_size must not exceed global_batch_size: lower micro_batch_size "
+                f"to at most {self.global_batch_size} or raise global_batch_size"
+            )
+        return self
+
+
+class Scaling(_Request):
+    min_workers: int = Field(1, ge=1, le=4096, description="Fewest training workers to run with.")
+    max_workers: int | None = Field(
+        None, ge=1, le=4096, description="Most workers to grow to; defaults to min_workers."
+    )
+    use_gpu: bool = Field(False, description="One GPU per worker when true.")
+    cpus_per_worker: float = Field(1.0, gt=0, le=512)
+
+    @model_validator(mode="after")
+    def _check(self) -> Scaling:
+        if self.max_workers is not None and self.min_workers > self.max_workers:
+            raise ValueError(
+                f"min_workers ({self.min_workers}) exceeds max_workers ({self.max_workers}): "
+                "lower min_workers or raise max_workers"
+            )
+        return self
+
+    @property
+    def resolved_max_workers(self) -> int:
+        return self.max_workers if self.max_workers is not None else self.min_workers
+
+
+class CheckpointPolicy(_Request):
+    every_steps: int = Field(50, ge=1, description="Save a checkpoint every this many steps.")
+    keep: int = Field(2, ge=1, le=100, description="How many recent checkpoints to retain.")
+
+
+Strategy = Literal["auto", "ddp", "fsdp", "zero1", "zero2", "zero3"]
+
+
+class JobCreate(_Request):
+    """A fine-tuning request. Only `model` and `training_file` are required."""
+
+    model: str = Field(
+        ...,
+        min_length=1,
+        max_length=512,
+        description="A bundled model name (e.g. 'tiny-llama'), a model directory under an allowed "
+        "model root, or a Hugging Face id when the server allows hub models.",
+    )
+    training_file: str = Field(
+        ..., min_length=1, max_length=2048, description="JSONL path under an allowed data root."
+    )
+    validation_file: str | None = Field(None, min_length=1, max_length=2048)
+    method: Method = Field(default_factory=LoraMethod)
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    scaling: Scaling = Field(default_factory=Scaling)
+    strategy: Strategy = "auto"
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    name: str | None = Field(None, max_length=200)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+class JobError(_Response):
+    """Why a job failed. `code` starts with `user_error.` or `platform_error.`."""
+
+    code: str
+    message: str
+    param: str | None = None
+
+
+class Job(_Response):
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    id: str
+    status: JobStatus
+    model: str
+    training_file: str
+    validation_file: str | None = None
+    method: Method
+    hyperparameters: Hyperparameters
+    scaling: Scaling
+    strategy: Strategy
+    checkpoint: CheckpointPolicy
+    name: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempt: int = 0
+    num_workers: int | None = None
+    step: int = 0
+    total_steps: int | None = None
+    error: JobError | None = None
+    artifact_path: str | None = None
+    ray_submission_id: str | None = None
+    result_metrics: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def progress(self) -> float | None:
+        if not self.total_steps:
+            return None
+        return min(1.0, self.step / self.total_steps)
+
+
+class JobList(_Response):
+    object: Literal["list"] = "list"
+    data: list[Job]
+    has_more: bool
+    next_cursor: str | None = None
+
+
+class JobEvent(_Response):
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    id: int
+    job_id: str
+    created_at: datetime
+    type: str
+    level: Literal["info", "warning", "error"] = "info"
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class JobEventList(_Response):
+    object: Literal["list"] = "list"
+    data: list[JobEvent]
+    has_more: bool
+
+
+class JobMetric(_Response):
+    step: int
+    created_at: datetime
+    values: dict[str, float]
+
+
+class JobMetricList(_Response):
+    object: Literal["list"] = "list"
+    data: list[JobMetric]
+
+
+class Health(_Response):
+    status: Literal["ok", "degraded"]
+    version: str
+    database: bool
+    ray: bool | None = None
+
+
+class ErrorDetail(_Response):
+    type: str
+    code: str
+    message: str
+    param: str | None = None
+    errors: list[dict[str, Any]] | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorDetail

@@ -1,0 +1,71 @@
+"""`/jobs`: create, list, retrieve, cancel, events, metrics, checkpoints."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Response
+
+from api.deps import CurrentTenant, JobServiceDep
+from api.models import Job, JobCreate, JobEventList, JobList, JobMetricList, JobStatus
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=201, response_model=Job)
+def create_job(
+    body: JobCreate,
+    service: JobServiceDep,
+    tenant: CurrentTenant,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+) -> Job:
+    """Create a fine-tuning job. A repeated `Idempotency-Key` returns the first job (200)."""
+    job, created = service.create(body, tenant, idempotency_key)
+    if not created:
+        response.status_code = 200
+    return job
+
+
+@router.get("", response_model=JobList)
+def list_jobs(
+    service: JobServiceDep,
+    tenant: CurrentTenant,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    status: JobStatus | None = None,
+) -> JobList:
+    """Jobs newest first; pass `next_cursor` as `after` for the next page."""
+    return service.list(tenant, limit, after, status)
+
+
+@router.get("/{job_id}", response_model=Job)
+def get_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> Job:
+    return service.get(job_id, tenant)
+
+
+@router.post("/{job_id}/cancel", response_model=Job)
+def cancel_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> Job:
+    return service.cancel(job_id, tenant)
+
+
+@router.get("/{job_id}/events", response_model=JobEventList)
+def list_events(
+    job_id: str,
+    service: JobServiceDep,
+    tenant: CurrentTenant,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> JobEventList:
+    """Events oldest first; pass the last event's `id` as `after` to follow."""
+    return service.events(job_id, tenant, after, limit)
+
+
+@router.get("/{job_id}/metrics", response_model=JobMetricList)
+def list_metrics(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> JobMetricList:
+    return service.metrics(job_id, tenant)
+
+
+@router.get("/{job_id}/checkpoints")
+def list_checkpoints(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> dict[str, Any]:
+    return {"object": "list", "data": service.checkpoints(job_id, tenant)}

@@ -1,0 +1,1 @@
+"""The service: settings, job store, lifecycle, scheduler, Ray Jobs launcher, Serve deployment."""

@@ -1,0 +1,56 @@
+"""The Ray Serve deployment: the FastAPI app plus the scheduler thread of each replica.
+
+Deployed by `eft up` (service/local.py) or by a Serve config (`deploy/serve.yaml`,
+import path `service.deployment:app`). Each replica opens the job store, serves the API, and
+runs a scheduler pass every `EFT_SCHEDULER_INTERVAL_S`; replicas coordinate only through the
+store's compare-and-set claims.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ray import serve
+
+from api.app import create_app
+from service.jobs import JobService
+from service.launcher import RayJobsLauncher
+from service.scheduler import Scheduler
+from service.settings import Settings, get_settings
+from service.store import Store
+from service.validation import validate_job
+
+log = logging.getLogger("eft.deployment")
+
+
+def build_service(settings: Settings) -> tuple[JobService, Scheduler]:
+    store = Store(settings.resolved_database_url)
+    launcher = RayJobsLauncher(settings)
+    return JobService(store, launcher, settings), Scheduler(store, launcher, settings, validate_job)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, health_check_period_s=10)
+@serve.ingress()
+class EftService:
+    def __init__(self) -> None:
+        settings = get_settings()
+        self.job_service, self.scheduler = build_service(settings)
+        self._thread = threading.Thread(
+            target=self.scheduler.run_forever, name="eft-scheduler", daemon=True
+        )
+        self._thread.start()
+        log.info("eft service replica up; store %s", settings.resolved_database_url.split("@")[-1])
+
+    def __serve_build_asgi_app__(self):  # noqa: ANN204 - Serve builds the app per replica
+        return create_app(self.job_service)
+
+    def check_health(self) -> None:
+        if not self._thread.is_alive():
+            raise RuntimeError("the scheduler thread stopped")
+
+    def __del__(self) -> None:
+        self.scheduler.stop()
+
+
+app = EftService.bind()

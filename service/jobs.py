@@ -1,0 +1,116 @@
+"""Job operations behind the REST API: create, read, list, cancel, events, metrics.
+
+Route functions in `api/routes/` stay small and call these; everything here works on the
+store and the launcher, and returns wire models.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from api.models import (
+    Job,
+    JobCreate,
+    JobError,
+    JobEvent,
+    JobEventList,
+    JobList,
+    JobMetric,
+    JobMetricList,
+    JobStatus,
+)
+from service.errors import Conflict
+from service.launcher import Launcher
+from service.settings import Settings
+from service.store import JobRecord, Store
+from service.validation import check_request
+
+log = logging.getLogger("eft.jobs")
+
+
+def to_wire(job: JobRecord) -> Job:
+    request = JobCreate.model_validate(job.request)
+    error = None
+    if job.error_code:
+        error = JobError(code=job.error_code, message=job.error_message or "", param=job.error_param)
+    return Job(
+        id=job.id, status=job.status, **request.model_dump(),
+        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
+        attempt=job.attempt, num_workers=job.num_workers, step=job.step,
+        total_steps=job.total_steps, error=error, artifact_path=job.artifact_path,
+        ray_submission_id=job.submission_id, result_metrics=job.result_metrics or {},
+    )
+
+
+class JobService:
+    def __init__(self, store: Store, launcher: Launcher, settings: Settings):
+        self.store, self.launcher, self.settings = store, launcher, settings
+
+    def create(self, req: JobCreate, tenant: str, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """Check the request and store the job as `validating`.
+
+        Returns (job, created); created is False for a repeated idempotency key.
+        Raises RequestInvalid listing every problem; nothing is stored then.
+        """
+        if idempotency_key:
+            existing = self.store.find_by_idempotency_key(tenant, idempotency_key)
+            if existing is not None:
+                return to_wire(existing), False
+        check_request(req, self.settings)
+        record, created = self.store.create_job(
+            tenant=tenant, request=req.model_dump(mode="json"), name=req.name,
+            idempotency_key=idempotency_key,
+        )
+        return to_wire(record), created
+
+    def get(self, job_id: str, tenant: str) -> Job:
+        return to_wire(self.store.get_job(job_id, tenant))
+
+    def list(self, tenant: str, limit: int, after: str | None, status: JobStatus | None) -> JobList:
+        records, has_more = self.store.list_jobs(
+            tenant=tenant, limit=limit, after=after, statuses=[status] if status else None
+        )
+        data = [to_wire(r) for r in records]
+        return JobList(data=data, has_more=has_more, next_cursor=data[-1].id if has_more else None)
+
+    def cancel(self, job_id: str, tenant: str) -> Job:
+        """Stop a job. Raises Conflict for a job that has already ended."""
+        job = self.store.get_job(job_id, tenant)
+        if job.status.is_terminal:
+            raise Conflict(f"job {job_id} already {job.status.value}; nothing to cancel",
+                           code="job_already_finished", param="job_id")
+        if job.status is JobStatus.cancelling:
+            return to_wire(job)
+        if job.status is JobStatus.running:
+            job = self.store.transition(job_id, JobStatus.cancelling, "cancel requested")
+            if job.submission_id:
+                self._stop_quietly(job.submission_id)
+        else:
+            job = self.store.transition(job_id, JobStatus.cancelled, "cancelled before it ran")
+        return to_wire(job)
+
+    def _stop_quietly(self, submission_id: str) -> None:
+        # The scheduler retries the stop on every pass; this call only makes it prompt.
+        try:
+            self.launcher.stop(submission_id)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("stop of %s failed, the scheduler will retry: %s", submission_id, exc)
+
+    def events(self, job_id: str, tenant: str, after: int | None, limit: int) -> JobEventList:
+        self.store.get_job(job_id, tenant)
+        events, has_more = self.store.list_events(job_id, after=after, limit=limit)
+        return JobEventList(
+            data=[JobEvent(id=e.id, job_id=e.job_id, created_at=e.created_at, type=e.type,
+                           level=e.level, message=e.message, data={**e.data, "attempt": e.attempt})
+                  for e in events],
+            has_more=has_more,
+        )
+
+    def metrics(self, job_id: str, tenant: str) -> JobMetricList:
+        self.store.get_job(job_id, tenant)
+        return JobMetricList(data=[JobMetric(**m) for m in self.store.list_metrics(job_id)])
+
+    def checkpoints(self, job_id: str, tenant: str) -> list[dict[str, Any]]:
+        self.store.get_job(job_id, tenant)
+        return self.store.list_checkpoints(job_id)

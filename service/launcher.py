@@ -1,0 +1,100 @@
+"""Launches job attempts as Ray Jobs and asks Ray about them.
+
+A Ray Job gives each attempt process isolation, a stop signal, captured logs and a row in the
+Ray dashboard's Jobs view. The submission id names the job and the attempt
+(`ftjob-...-attempt-N`), so a retried dispatch can never start one attempt twice: Ray refuses a
+reused submission id.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Protocol
+
+from service.settings import Settings
+
+
+class RayJobState:
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    MISSING = "MISSING"  # Ray has no record of it (the head restarted, or it never started)
+
+    TERMINAL = frozenset({STOPPED, SUCCEEDED, FAILED, MISSING})
+
+
+class Launcher(Protocol):
+    def submit(self, job_id: str, attempt: int, name: str | None) -> str: ...
+    def state(self, submission_id: str) -> str: ...
+    def stop(self, submission_id: str) -> None: ...
+    def logs(self, submission_id: str) -> str: ...
+
+
+def submission_id_for(job_id: str, attempt: int) -> str:
+    return f"{job_id}-attempt-{attempt}"
+
+
+class RayJobsLauncher:
+    """Talks to the Ray Jobs API of the cluster's dashboard."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._client = None
+
+    @property
+    def client(self):  # noqa: ANN201 - JobSubmissionClient, imported lazily
+        if self._client is None:
+            from ray.job_submission import JobSubmissionClient
+
+            self._client = JobSubmissionClient(self.settings.ray_dashboard_url)
+        return self._client
+
+    def submit(self, job_id: str, attempt: int, name: str | None) -> str:
+        """Start the driver of one attempt. Returns the Ray submission id."""
+        submission_id = submission_id_for(job_id, attempt)
+        entrypoint = (
+            f"{shlex.quote(sys.executable)} -m training.driver "
+            f"--job-id {shlex.quote(job_id)} --attempt {attempt}"
+        )
+        env = {
+            **self.settings.driver_environment(),
+            # Shows the Train run in the dashboard's Train view.
+            "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
+        }
+        metadata = {"eft_job_id": job_id, "eft_attempt": str(attempt)}
+        if name:
+            metadata["eft_job_name"] = name[:200]
+        self.client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=submission_id,
+            runtime_env={"env_vars": env},
+            metadata=metadata,
+            # The driver only coordinates; it must not take a CPU a worker needs.
+            entrypoint_num_cpus=0,
+        )
+        return submission_id
+
+    def state(self, submission_id: str) -> str:
+        try:
+            info = self.client.get_job_info(submission_id)
+        except RuntimeError as exc:  # the SDK raises RuntimeError for an unknown id
+            if "does not exist" in str(exc) or "404" in str(exc):
+                return RayJobState.MISSING
+            raise
+        return str(info.status.value)
+
+    def stop(self, submission_id: str) -> None:
+        try:
+            self.client.stop_job(submission_id)
+        except RuntimeError as exc:
+            if "does not exist" not in str(exc):
+                raise
+
+    def logs(self, submission_id: str) -> str:
+        try:
+            return self.client.get_job_logs(submission_id)
+        except RuntimeError:
+            return ""

@@ -1,0 +1,102 @@
+"""The job lifecycle: statuses, the allowed transitions, and the event each change records.
+
+Pure Python, no web, Ray or database imports: the store's `transition` is the only caller that
+changes a status, and it asks `plan_transition` first, so every edge is checked in one place and
+every change leaves an event behind.
+
+    validating -> queued -> running -> succeeded | failed | cancelled
+                                    \\-> cancelling -> cancelled
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.models import JobStatus
+
+S = JobStatus
+
+ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    S.validating: frozenset({S.queued, S.failed, S.cancelled}),
+    S.queued: frozenset({S.running, S.failed, S.cancelled}),
+    # running -> queued: the job's Ray Job vanished (head lost, dispatch failed) and it is
+    # dispatched again as a new attempt that resumes from its latest checkpoint.
+    S.running: frozenset({S.queued, S.succeeded, S.failed, S.cancelling, S.cancelled}),
+    # A job asked to stop may still finish or fail before the stop lands; both are recorded.
+    S.cancelling: frozenset({S.cancelled, S.succeeded, S.failed}),
+    S.succeeded: frozenset(),
+    S.failed: frozenset(),
+    S.cancelled: frozenset(),
+}
+
+# The event type recorded for arriving in each status.
+EVENT_FOR: dict[JobStatus, str] = {
+    S.validating: "created",
+    S.queued: "queued",
+    S.running: "dispatched",
+    S.cancelling: "cancel_requested",
+    S.succeeded: "succeeded",
+    S.failed: "failed",
+    S.cancelled: "cancelled",
+}
+
+TERMINAL = frozenset(s for s, nxt in ALLOWED.items() if not nxt)
+
+
+class IllegalTransition(Exception):
+    """A status change the lifecycle does not allow."""
+
+    def __init__(self, current: JobStatus, target: JobStatus):
+        self.current, self.target = current, target
+        allowed = ", ".join(sorted(s.value for s in ALLOWED[current])) or "none (terminal)"
+        super().__init__(
+            f"a job cannot go from {current.value} to {target.value}; allowed next: {allowed}"
+        )
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A checked status change and the event that records it."""
+
+    current: JobStatus
+    target: JobStatus
+    event_type: str
+    message: str
+    level: str = "info"
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def can_transition(current: JobStatus, target: JobStatus) -> bool:
+    return target in ALLOWED[current]
+
+
+def sources_of(target: JobStatus) -> frozenset[JobStatus]:
+    """Statuses from which `target` may be reached (used for compare-and-set updates)."""
+    return frozenset(s for s, nxt in ALLOWED.items() if target in nxt)
+
+
+def plan_transition(
+    current: JobStatus,
+    target: JobStatus,
+    message: str | None = None,
+    *,
+    event_type: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> Transition:
+    """Check `current -> target` and describe its event.
+
+    Returns the Transition to apply. Raises IllegalTransition when the edge is not allowed.
+    """
+    current, target = JobStatus(current), JobStatus(target)
+    if not can_transition(current, target):
+        raise IllegalTransition(current, target)
+    level = "error" if target is S.failed else "info"
+    return Transition(
+        current=current,
+        target=target,
+        event_type=event_type or EVENT_FOR[target],
+        message=message or f"job is {target.value}",
+        level=level,
+        data=dict(data or {}),
+    )

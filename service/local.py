@@ -1,0 +1,135 @@
+"""Local single-node stack: a Ray head on this machine and the service on Ray Serve.
+
+`eft up` calls `up()`; `eft down` calls `down()`. `up` starts a Ray head only if none is
+reachable and remembers that it did (in `<EFT_HOME>/local.json`), so `down` stops only what
+`up` started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.settings import Settings, get_settings
+
+APP_NAME = "eft"
+RAY_DASHBOARD_PORT = 8265
+
+
+def _state_file(settings: Settings) -> Path:
+    return settings.home / "local.json"
+
+
+def _ray_cli() -> str:
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+def ray_is_running() -> bool:
+    result = subprocess.run([_ray_cli(), "status"], capture_output=True, text=True, timeout=60)
+    return result.returncode == 0
+
+
+def start_ray_head(num_cpus: int | None) -> None:
+    """Start a local Ray head with its dashboard (the Ray Jobs API needs it)."""
+    cmd = [_ray_cli(), "start", "--head", "--dashboard-host=127.0.0.1",
+           f"--dashboard-port={RAY_DASHBOARD_PORT}", "--disable-usage-stats"]
+    if num_cpus:
+        # More logical CPUs than cores lets several small workers share one machine.
+        cmd.append(f"--num-cpus={num_cpus}")
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=180)
+
+
+def _service_env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k.startswith("EFT_")}
+    env.setdefault("EFT_HOME", str(settings.home))
+    return env
+
+
+def wait_healthy(url: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Poll `GET /healthz` until it answers 200. Returns its body; raises TimeoutError."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(f"{url}/healthz", timeout=5)
+            if response.status_code == 200:
+                return response.json()
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.5)
+    raise TimeoutError(f"the service at {url} did not become healthy: {last}")
+
+
+def deploy(settings: Settings, port: int) -> str:
+    """Deploy (or redeploy) the service on the running Ray cluster. Returns its URL."""
+    import ray
+    from ray import serve
+
+    from service.deployment import EftService
+
+    ray.init(address="auto", ignore_reinit_error=True, log_to_driver=False)
+    serve.start(http_options={"host": settings.host, "port": port})
+    deployment = EftService.options(
+        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": _service_env(settings)}}
+    )
+    serve.run(deployment.bind(), name=APP_NAME, route_prefix="/", blocking=False)
+    return f"http://{settings.host}:{port}"
+
+
+def up(port: int | None = None, num_cpus: int | None = None) -> dict[str, Any]:
+    """Start Ray if needed and deploy the service.
+
+    Returns {"service_url", "dashboard_url", "started_ray"}. Raises TimeoutError if the
+    service does not answer its health check.
+    """
+    settings = get_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    started_ray = False
+    if not ray_is_running():
+        start_ray_head(num_cpus)
+        started_ray = True
+    state_path = _state_file(settings)
+    previous = json.loads(state_path.read_text()) if state_path.exists() else {}
+    state = {"started_ray": started_ray or previous.get("started_ray", False)}
+    state_path.write_text(json.dumps(state))
+    url = deploy(settings, port or settings.port)
+    wait_healthy(url)
+    return {
+        "service_url": url,
+        "dashboard_url": f"http://127.0.0.1:{RAY_DASHBOARD_PORT}",
+        "started_ray": started_ray,
+    }
+
+
+def down() -> dict[str, bool]:
+    """Remove the service from Ray Serve, and stop Ray if `up` started it.
+
+    Returns {"stopped_service", "stopped_ray"}.
+    """
+    settings = get_settings()
+    state_path = _state_file(settings)
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    stopped_service = False
+    if ray_is_running():
+        import ray
+        from ray import serve
+
+        ray.init(address="auto", ignore_reinit_error=True, log_to_driver=False)
+        serve.shutdown()
+        ray.shutdown()
+        stopped_service = True
+    stopped_ray = False
+    if state.get("started_ray"):
+        subprocess.run([_ray_cli(), "stop"], capture_output=True, timeout=180)
+        stopped_ray = True
+    state_path.unlink(missing_ok=True)
+    return {"stopped_service": stopped_service, "stopped_ray": stopped_ray}

@@ -1,0 +1,159 @@
+"""The scheduler: validates new jobs, dispatches queued ones, and reconciles with Ray.
+
+`tick()` is one pass; `run_forever` repeats it on a timer in a background thread of each
+service replica. Every step is safe to run from several replicas at once: each status change is
+a compare-and-set in the store, so a job is claimed (and its attempt number taken) by exactly
+one replica, and a lost race is simply skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any, Callable
+
+from api.models import JobStatus
+from service.errors import Conflict, RequestInvalid
+from service.launcher import Launcher, RayJobState
+from service.lifecycle import IllegalTransition
+from service.settings import Settings
+from service.store import JobRecord, Store, utcnow
+
+log = logging.getLogger("eft.scheduler")
+
+Validator = Callable[[str, dict[str, Any], Settings], tuple[Any, dict[str, Any]]]
+ACTIVE = (JobStatus.running, JobStatus.cancelling)
+MAX_DISPATCH_FAILURES = 3
+
+
+class Scheduler:
+    def __init__(self, store: Store, launcher: Launcher, settings: Settings, validate: Validator):
+        self.store, self.launcher, self.settings, self.validate = store, launcher, settings, validate
+        self._stop = threading.Event()
+
+    def tick(self) -> None:
+        for phase in (self.validate_pending, self.dispatch_queued, self.reconcile):
+            try:
+                phase()
+            except Exception:  # noqa: BLE001 - one bad pass must not kill the loop
+                log.exception("scheduler phase %s failed", phase.__name__)
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            self._stop.wait(self.settings.scheduler_interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # --- validating -> queued | failed -----------------------------------------------------
+
+    def validate_pending(self) -> None:
+        pending, _ = self.store.list_jobs(statuses=[JobStatus.validating], oldest_first=True, limit=20)
+        for job in pending:
+            self._validate_one(job)
+
+    def _validate_one(self, job: JobRecord) -> None:
+        from training.errors import TrainingUserError
+
+        try:
+            config, stats = self.validate(job.id, job.request, self.settings)
+        except TrainingUserError as exc:
+            self._safe_transition(job, JobStatus.failed, exc.message, error_code=exc.code,
+                                  error_message=exc.message, error_param=exc.param)
+            return
+        except RequestInvalid as exc:
+            first = exc.problems[0]
+            self._safe_transition(job, JobStatus.failed, first.message, error_code=f"user_error.{first.code}",
+                                  error_message=first.message, error_param=first.param)
+            return
+        self._safe_transition(
+            job, JobStatus.queued, f"validated: {stats['train_examples']} training examples, "
+            f"{config.total_steps} steps", data=stats, config=config.to_dict(),
+            total_steps=config.total_steps,
+        )
+
+    # --- queued -> running -----------------------------------------------------------------
+
+    def dispatch_queued(self) -> None:
+        active, _ = self.store.list_jobs(statuses=ACTIVE, limit=10_000)
+        per_tenant = Counter(j.tenant for j in active)
+        capacity = self.settings.max_running_jobs - len(active)
+        queued, _ = self.store.list_jobs(statuses=[JobStatus.queued], oldest_first=True, limit=100)
+        for job in queued:
+            if capacity <= 0:
+                return
+            if per_tenant[job.tenant] >= self.settings.max_running_jobs_per_tenant:
+                continue
+            if self._dispatch_one(job):
+                capacity -= 1
+                per_tenant[job.tenant] += 1
+
+    def _dispatch_one(self, job: JobRecord) -> bool:
+        attempt = job.attempt + 1
+        # The claim: only one replica's compare-and-set on (status, attempt) can win.
+        claimed = self._safe_transition(
+            job, JobStatus.running, f"dispatching attempt {attempt}", attempt=attempt,
+            submission_id=None, started_at=job.started_at or utcnow(), data={"attempt": attempt},
+        )
+        if claimed is None:
+            return False
+        try:
+            submission_id = self.launcher.submit(job.id, attempt, job.name)
+        except Exception as exc:  # noqa: BLE001 - Ray unreachable, refused, ...
+            log.warning("dispatch of %s attempt %s failed: %s", job.id, attempt, exc)
+            self._after_dispatch_failure(claimed, exc)
+            return False
+        self.store.update_job(job.id, attempt=attempt, submission_id=submission_id)
+        self.store.append_event(job.id, "submitted", f"Ray Job {submission_id} submitted",
+                                data={"submission_id": submission_id}, attempt=attempt)
+        return True
+
+    def _after_dispatch_failure(self, job: JobRecord, exc: Exception) -> None:
+        failures = job.attempt  # every dispatch, failed or not, used up one attempt
+        if failures >= MAX_DISPATCH_FAILURES:
+            self._safe_transition(
+                job, JobStatus.failed, f"could not start on Ray: {exc}",
+                error_code="platform_error.dispatch_failed",
+                error_message=f"the Ray cluster refused the job {failures} times: {exc}; check "
+                "that the cluster and its dashboard are up, then resubmit",
+            )
+        else:
+            self._safe_transition(job, JobStatus.queued, f"dispatch failed, will retry: {exc}",
+                                  event_type="dispatch_failed", data={"error": str(exc)})
+
+    # --- running | cancelling -> terminal ----------------------------------------------------
+
+    def reconcile(self) -> None:
+        active, _ = self.store.list_jobs(statuses=ACTIVE, limit=10_000)
+        for job in active:
+            if not job.submission_id:
+                continue
+            if job.status is JobStatus.cancelling:
+                self.launcher.stop(job.submission_id)
+            state = self.launcher.state(job.submission_id)
+            if state in RayJobState.TERMINAL:
+                self._settle(self.store.get_job(job.id), state)
+
+    def _settle(self, job: JobRecord, ray_state: str) -> None:
+        """A job whose Ray Job ended without the driver recording an outcome."""
+        if job.status is JobStatus.cancelling:
+            self._safe_transition(job, JobStatus.cancelled, "stopped on request",
+                                  data={"ray_state": ray_state})
+            return
+        if job.status is not JobStatus.running:
+            return
+        tail = self.launcher.logs(job.submission_id or "")[-2000:]
+        message = (f"the job's Ray Job ended as {ray_state} without recording a result; "
+                   "see its logs in the Ray dashboard or GET /jobs/{id}/events")
+        self._safe_transition(job, JobStatus.failed, message, error_code="platform_error.driver_exited",
+                              error_message=f"{message}\n{tail}".strip(), data={"ray_state": ray_state})
+
+    def _safe_transition(self, job: JobRecord, target: JobStatus, message: str, **kw: Any) -> JobRecord | None:
+        """Apply a transition; returns None when another writer got there first."""
+        try:
+            return self.store.transition(job.id, target, message, **kw)
+        except (Conflict, IllegalTransition) as exc:
+            log.info("skipped %s -> %s for %s: %s", job.status.value, target.value, job.id, exc)
+            return None

@@ -1,0 +1,422 @@
+"""The job store: the single source of truth for jobs, their events, metrics and checkpoints.
+
+SQLAlchemy Core over SQLite by default (WAL, so the service and job drivers can share one file on
+a single machine) or PostgreSQL by URL. Every status change goes through `Store.transition`, a
+compare-and-set on the current status (and, for a job's driver, on its attempt number, which
+fences off a stale driver of an earlier attempt) that appends the matching event in the same
+transaction.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+
+from api.models import JobStatus
+from service import lifecycle
+from service.errors import Conflict, JobNotFound
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("tenant", sa.String(128), nullable=False, index=True),
+    sa.Column("name", sa.String(200)),
+    sa.Column("status", sa.String(32), nullable=False, index=True),
+    sa.Column("request", sa.JSON, nullable=False),
+    sa.Column("config", sa.JSON),
+    sa.Column("attempt", sa.Integer, nullable=False, default=0),
+    sa.Column("num_workers", sa.Integer),
+    sa.Column("submission_id", sa.String(128)),
+    sa.Column("step", sa.Integer, nullable=False, default=0),
+    sa.Column("total_steps", sa.Integer),
+    sa.Column("error_code", sa.String(128)),
+    sa.Column("error_message", sa.Text),
+    sa.Column("error_param", sa.String(256)),
+    sa.Column("artifact_path", sa.Text),
+    sa.Column("result_metrics", sa.JSON),
+    sa.Column("idempotency_key", sa.String(256)),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("started_at", sa.DateTime(timezone=True)),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
+)
+
+job_events = sa.Table(
+    "job_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id"), nullable=False, index=True),
+    sa.Column("attempt", sa.Integer, nullable=False, default=0),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("type", sa.String(64), nullable=False),
+    sa.Column("level", sa.String(16), nullable=False),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("data", sa.JSON, nullable=False),
+)
+
+job_metrics = sa.Table(
+    "job_metrics",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id"), nullable=False, index=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("values", sa.JSON, nullable=False),
+)
+
+checkpoints = sa.Table(
+    "checkpoints",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id"), nullable=False, index=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("metrics", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything stored is UTC.
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
+def new_job_id() -> str:
+    """`ftjob-` + 12 hex digits of milliseconds + 8 random: sorts by creation time."""
+    return f"ftjob-{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
+
+
+@dataclass
+class JobRecord:
+    id: str
+    tenant: str
+    name: str | None
+    status: JobStatus
+    request: dict[str, Any]
+    config: dict[str, Any] | None
+    attempt: int
+    num_workers: int | None
+    submission_id: str | None
+    step: int
+    total_steps: int | None
+    error_code: str | None
+    error_message: str | None
+    error_param: str | None
+    artifact_path: str | None
+    result_metrics: dict[str, Any] | None
+    idempotency_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: sa.Row) -> JobRecord:
+        values = {f.name: getattr(row, f.name) for f in fields(cls)}
+        values["status"] = JobStatus(values["status"])
+        for key in ("created_at", "updated_at", "started_at", "finished_at"):
+            values[key] = _aware(values[key])
+        return cls(**values)
+
+
+@dataclass
+class EventRecord:
+    id: int
+    job_id: str
+    attempt: int
+    created_at: datetime
+    type: str
+    level: str
+    message: str
+    data: dict[str, Any]
+
+
+def _make_engine(url: str) -> sa.Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @sa_event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+class Store:
+    """Jobs, events, metrics and checkpoints behind one SQLAlchemy engine."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = _make_engine(url)
+        metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def create_job(
+        self,
+        *,
+        tenant: str,
+        request: dict[str, Any],
+        name: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[JobRecord, bool]:
+        """Insert a job in `validating` with its `created` event.
+
+        Returns (job, created). With an idempotency key already used by this tenant, returns
+        the existing job and created=False.
+        """
+        if idempotency_key:
+            existing = self.find_by_idempotency_key(tenant, idempotency_key)
+            if existing:
+                return existing, False
+        now = utcnow()
+        job_id = new_job_id()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    jobs.insert().values(
+                        id=job_id, tenant=tenant, name=name, status=JobStatus.validating.value,
+                        request=request, attempt=0, step=0, idempotency_key=idempotency_key,
+                        created_at=now, updated_at=now,
+                    )
+                )
+                self._insert_event(conn, job_id, 0, "created", "info", "job created", {})
+        except sa.exc.IntegrityError:
+            # Two concurrent requests with one key: the loser returns the winner's job.
+            existing = self.find_by_idempotency_key(tenant, idempotency_key or "")
+            if existing:
+                return existing, False
+            raise
+        return self.get_job(job_id), True
+
+    def find_by_idempotency_key(self, tenant: str, key: str) -> JobRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                jobs.select().where(jobs.c.tenant == tenant, jobs.c.idempotency_key == key)
+            ).first()
+        return JobRecord.from_row(row) if row else None
+
+    def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord:
+        """Returns the job. Raises JobNotFound, also for another tenant's job."""
+        query = jobs.select().where(jobs.c.id == job_id)
+        if tenant is not None:
+            query = query.where(jobs.c.tenant == tenant)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            raise JobNotFound(job_id)
+        return JobRecord.from_row(row)
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        limit: int = 20,
+        after: str | None = None,
+        statuses: Iterable[JobStatus] | None = None,
+        oldest_first: bool = False,
+    ) -> tuple[list[JobRecord], bool]:
+        """Returns (jobs, has_more): newest first, starting after the cursor job id."""
+        order = jobs.c.id.asc() if oldest_first else jobs.c.id.desc()
+        query = jobs.select().order_by(order).limit(limit + 1)
+        if tenant is not None:
+            query = query.where(jobs.c.tenant == tenant)
+        if after:
+            query = query.where(jobs.c.id > after if oldest_first else jobs.c.id < after)
+        if statuses is not None:
+            query = query.where(jobs.c.status.in_([JobStatus(s).value for s in statuses]))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        records = [JobRecord.from_row(r) for r in rows[:limit]]
+        return records, len(rows) > limit
+
+    def count_by_status(self, tenant: str | None = None) -> dict[str, int]:
+        query = sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)
+        if tenant is not None:
+            query = query.where(jobs.c.tenant == tenant)
+        with self.engine.connect() as conn:
+            return {status: n for status, n in conn.execute(query).all()}
+
+    def transition(
+        self,
+        job_id: str,
+        target: JobStatus,
+        message: str | None = None,
+        *,
+        expected_attempt: int | None = None,
+        event_type: str | None = None,
+        data: dict[str, Any] | None = None,
+        **values: Any,
+    ) -> JobRecord:
+        """Move a job to `target`, updating `values` and appending the event, atomically.
+
+        `expected_attempt`, when given, must match the job's attempt (a driver's fencing
+        token); `values` may set a new `attempt` (a dispatch claims the next one).
+        Returns the updated job. Raises JobNotFound, lifecycle.IllegalTransition, or
+        Conflict when the attempt does not match or the job changed underneath.
+        """
+        job = self.get_job(job_id)
+        if expected_attempt is not None and job.attempt != expected_attempt:
+            raise Conflict(
+                f"job {job_id} is on attempt {job.attempt}, not {expected_attempt}: "
+                "this writer is stale",
+                code="stale_attempt",
+            )
+        change = lifecycle.plan_transition(
+            job.status, target, message, event_type=event_type, data=data
+        )
+        now = utcnow()
+        values.setdefault("updated_at", now)
+        if target in lifecycle.TERMINAL:
+            values.setdefault("finished_at", now)
+        # Compare-and-set on status and attempt: a concurrent writer makes this update miss.
+        where = [jobs.c.id == job_id, jobs.c.status == job.status.value, jobs.c.attempt == job.attempt]
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                jobs.update().where(*where).values(status=target.value, **values)
+            )
+            if result.rowcount != 1:
+                raise Conflict(
+                    f"job {job_id} changed while moving it to {target.value}; retry",
+                    code="concurrent_update",
+                )
+            new_attempt = values.get("attempt", job.attempt)
+            self._insert_event(
+                conn, job_id, new_attempt, change.event_type, change.level, change.message,
+                change.data,
+            )
+        return self.get_job(job_id)
+
+    def update_job(self, job_id: str, *, attempt: int | None = None, **values: Any) -> bool:
+        """Set non-status fields (progress, config). Returns False if the attempt is stale."""
+        where = [jobs.c.id == job_id]
+        if attempt is not None:
+            where.append(jobs.c.attempt == attempt)
+        with self.engine.begin() as conn:
+            result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
+        return result.rowcount == 1
+
+    # --- events, metrics, checkpoints --------------------------------------------------------
+
+    def _insert_event(self, conn, job_id, attempt, type_, level, message, data) -> None:  # noqa: ANN001
+        conn.execute(
+            job_events.insert().values(
+                job_id=job_id, attempt=attempt, created_at=utcnow(), type=type_, level=level,
+                message=message, data=data or {},
+            )
+        )
+
+    def append_event(
+        self,
+        job_id: str,
+        type_: str,
+        message: str,
+        *,
+        data: dict[str, Any] | None = None,
+        level: str = "info",
+        attempt: int | None = None,
+    ) -> None:
+        """Record an event that is not a status change (checkpoint saved, resized, ...)."""
+        if attempt is None:
+            attempt = self.get_job(job_id).attempt
+        with self.engine.begin() as conn:
+            self._insert_event(conn, job_id, attempt, type_, level, message, data)
+
+    def list_events(
+        self, job_id: str, *, after: int | None = None, limit: int = 100
+    ) -> tuple[list[EventRecord], bool]:
+        """Returns (events oldest first, has_more)."""
+        query = job_events.select().where(job_events.c.job_id == job_id)
+        if after is not None:
+            query = query.where(job_events.c.id > after)
+        query = query.order_by(job_events.c.id.asc()).limit(limit + 1)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        events = [
+            EventRecord(
+                id=r.id, job_id=r.job_id, attempt=r.attempt, created_at=_aware(r.created_at),
+                type=r.type, level=r.level, message=r.message, data=r.data or {},
+            )
+            for r in rows[:limit]
+        ]
+        return events, len(rows) > limit
+
+    def record_metrics(self, job_id: str, attempt: int, step: int, values: dict[str, float]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                job_metrics.insert().values(
+                    job_id=job_id, attempt=attempt, step=step, created_at=utcnow(), values=values
+                )
+            )
+
+    def list_metrics(self, job_id: str) -> list[dict[str, Any]]:
+        """Returns metric rows oldest first; a step reported by several attempts keeps the last."""
+        query = (
+            job_metrics.select()
+            .where(job_metrics.c.job_id == job_id)
+            .order_by(job_metrics.c.id.asc())
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        by_step: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            by_step[r.step] = {"step": r.step, "created_at": _aware(r.created_at), "values": r.values}
+        return [by_step[s] for s in sorted(by_step)]
+
+    def record_checkpoint(
+        self, job_id: str, attempt: int, step: int, path: str, metrics: dict[str, Any]
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                checkpoints.insert().values(
+                    job_id=job_id, attempt=attempt, step=step, path=path, metrics=metrics,
+                    created_at=utcnow(),
+                )
+            )
+
+    def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        query = checkpoints.select().where(checkpoints.c.job_id == job_id).order_by(checkpoints.c.id)
+        with self.engine.connect() as conn:
+            return [
+                {"step": r.step, "attempt": r.attempt, "path": r.path, "metrics": r.metrics,
+                 "created_at": _aware(r.created_at)}
+                for r in conn.execute(query).all()
+            ]
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            return True
+        except sa.exc.SQLAlchemyError:
+            return False

@@ -1,0 +1,207 @@
+"""Checks on a job request, and the one function that turns a request into a training config.
+
+Two stages:
+- `check_request` runs on the request path: names resolve under the allowed roots, files parse
+  line by line against their schema, numbers are consistent. Every problem is collected and
+  raised together as one RequestInvalid (a 422), and nothing is stored for such a request.
+- `validate_job` runs in the scheduler (validating -> queued): it tokenizes the data with the
+  model's tokenizer and fills the training config, raising TrainingUserError for the job to carry.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from api.models import JobCreate, LoraMethod
+from service.errors import Problem, RequestInvalid
+from service.settings import Settings
+from training.config import LoraSpec, TrainConfig, steps_for
+from training.formats import scan_jsonl
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
+#: Strategies this build can run; the rest are refused with a pointer to one that works.
+AVAILABLE_STRATEGIES = ("auto", "ddp")
+
+
+@dataclass(frozen=True)
+class ResolvedInputs:
+    model_path: str
+    training_file: Path
+    validation_file: Path | None
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def resolve_under_roots(value: str, roots: list[Path]) -> Path | None:
+    """The resolved path for `value` (absolute, or relative to a root) if it lies inside one
+    of `roots` and exists; symlinks and `..` are resolved before the containment check."""
+    raw = Path(value).expanduser()
+    candidates = [raw.resolve()] if raw.is_absolute() else [(r / raw).resolve() for r in roots]
+    for candidate in candidates:
+        if candidate.exists() and any(_under(candidate, r) for r in roots):
+            return candidate
+    return None
+
+
+def _roots_hint(roots: list[Path]) -> str:
+    return ", ".join(str(r) for r in roots)
+
+
+def resolve_model(value: str, settings: Settings, problems: list[Problem]) -> str | None:
+    roots = settings.allowed_model_roots
+    path = resolve_under_roots(value, roots)
+    if path is not None and (path / "config.json").is_file():
+        return str(path)
+    if settings.allow_hub_models and HUB_ID.match(value) and not Path(value).is_absolute():
+        return value
+    bundled = sorted(
+        p.parent.name for r in roots if r.is_dir() for p in r.glob("*/config.json")
+    )
+    problems.append(Problem(
+        "model", "model_not_found",
+        f"unknown model {value!r}: name a bundled model ({', '.join(bundled) or 'none built'}) or "
+        f"a Hugging Face model directory under an allowed model root ({_roots_hint(roots)})",
+    ))
+    return None
+
+
+def resolve_dataset(value: str, param: str, settings: Settings, problems: list[Problem]) -> Path | None:
+    """Resolve and fully scan one JSONL file; every problem found is appended."""
+    roots = settings.allowed_data_roots
+    if URI.match(value):
+        problems.append(Problem(param, "unsupported_uri", "remote URIs are not enabled on this "
+                                "server: upload the file under an allowed data root"))
+        return None
+    path = resolve_under_roots(value, roots)
+    if path is None:
+        problems.append(Problem(param, "file_not_found",
+                                f"{value!r} is not a file under an allowed data root "
+                                f"({_roots_hint(roots)}): check the path"))
+        return None
+    if not path.is_file():
+        problems.append(Problem(param, "not_a_file", f"{value!r} is a directory, not a JSONL file"))
+        return None
+    if path.stat().st_size > settings.max_dataset_bytes:
+        problems.append(Problem(param, "file_too_large",
+                                f"{value!r} exceeds {settings.max_dataset_bytes} bytes"))
+        return None
+    try:
+        scan = scan_jsonl(path, settings.max_validation_errors)
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(Problem(param, "file_unreadable", f"cannot read {value!r} as UTF-8 text: {exc}"))
+        return None
+    for p in scan.problems:
+        problems.append(Problem(f"{param}:line {p.line}:{p.field}", "invalid_record",
+                                f"{path.name} line {p.line}: {p.field} {p.message}"))
+    if scan.problems_total > len(scan.problems):
+        problems.append(Problem(param, "more_problems",
+                                f"{scan.problems_total - len(scan.problems)} more problem(s) not listed"))
+    if scan.records == 0:
+        problems.append(Problem(param, "empty_file", f"{value!r} has no records"))
+    return path if not scan.problems_total and scan.records else None
+
+
+def check_request(req: JobCreate, settings: Settings) -> ResolvedInputs:
+    """Every check that needs no tokenizer. Returns resolved inputs; raises RequestInvalid."""
+    problems: list[Problem] = []
+    model_path = resolve_model(req.model, settings, problems)
+    train = resolve_dataset(req.training_file, "training_file", settings, problems)
+    valid = None
+    if req.validation_file:
+        valid = resolve_dataset(req.validation_file, "validation_file", settings, problems)
+    if req.strategy not in AVAILABLE_STRATEGIES:
+        problems.append(Problem("strategy", "strategy_unavailable",
+                                f"strategy {req.strategy!r} is not available in this build: use "
+                                f"one of {', '.join(AVAILABLE_STRATEGIES)}"))
+    max_workers = req.scaling.resolved_max_workers
+    if req.hyperparameters.global_batch_size < max_workers:
+        problems.append(Problem("hyperparameters.global_batch_size", "batch_smaller_than_workers",
+                                f"global_batch_size ({req.hyperparameters.global_batch_size}) is "
+                                f"below max_workers ({max_workers}): every worker needs an example "
+                                "per step; raise global_batch_size or lower max_workers"))
+    if problems:
+        raise RequestInvalid(problems=problems)
+    assert model_path is not None and train is not None
+    return ResolvedInputs(model_path, train, valid)
+
+
+def check_raw_inputs(body: dict[str, Any], settings: Settings) -> list[Problem]:
+    """Problems with the model and files a body names, for a body that failed schema checks
+    elsewhere: the user then hears about every problem in one response."""
+    problems: list[Problem] = []
+    if isinstance(body.get("model"), str) and body["model"]:
+        resolve_model(body["model"], settings, problems)
+    for param in ("training_file", "validation_file"):
+        if isinstance(body.get(param), str) and body[param]:
+            resolve_dataset(body[param], param, settings, problems)
+    return problems
+
+
+def build_train_config(
+    job_id: str, req: JobCreate, inputs: ResolvedInputs, num_train_examples: int, settings: Settings
+) -> TrainConfig:
+    """The one conversion from a request to a training config, with server defaults filled."""
+    hp, method = req.hyperparameters, req.method
+    lora = None
+    if isinstance(method, LoraMethod):
+        target = method.target_modules if isinstance(method.target_modules, str) else tuple(method.target_modules)
+        lora = LoraSpec(
+            r=method.r, alpha=method.alpha, dropout=method.dropout, target_modules=target,
+            quant_type=getattr(method, "quant_type", None),
+            double_quant=getattr(method, "double_quant", True),
+        )
+    total_steps = hp.max_steps or steps_for(num_train_examples, hp.global_batch_size, hp.epochs or 1.0)
+    return TrainConfig(
+        job_id=job_id, model_path=inputs.model_path, training_file=str(inputs.training_file),
+        validation_file=str(inputs.validation_file) if inputs.validation_file else None,
+        method=method.type, lora=lora, total_steps=total_steps,
+        num_train_examples=num_train_examples, learning_rate=hp.learning_rate,
+        lr_scheduler=hp.lr_scheduler, warmup_steps=hp.warmup_steps, weight_decay=hp.weight_decay,
+        max_grad_norm=hp.max_grad_norm, global_batch_size=hp.global_batch_size,
+        micro_batch_size=hp.micro_batch_size, max_seq_len=hp.max_seq_len, seed=hp.seed,
+        log_every_steps=hp.log_every_steps, min_workers=req.scaling.min_workers,
+        max_workers=req.scaling.resolved_max_workers, use_gpu=req.scaling.use_gpu,
+        cpus_per_worker=req.scaling.cpus_per_worker,
+        strategy="ddp" if req.strategy == "auto" else req.strategy,
+        checkpoint_every_steps=req.checkpoint.every_steps, checkpoint_keep=req.checkpoint.keep,
+        checkpoint_root=settings.resolved_checkpoint_root,
+        artifact_root=str(settings.resolved_artifact_root), base_model_name=req.model,
+    )
+
+
+def validate_job(job_id: str, request: dict[str, Any], settings: Settings) -> tuple[TrainConfig, dict[str, Any]]:
+    """Tokenize the job's data and build its training config.
+
+    Returns (config, stats for the `validated` event). Raises RequestInvalid if the inputs
+    changed since the request was accepted, or TrainingUserError for data that cannot train.
+    """
+    from transformers import AutoTokenizer
+
+    from training.data import DataError, load_examples
+    from training.errors import TrainingUserError
+
+    req = JobCreate.model_validate(request)
+    inputs = check_request(req, settings)
+    tokenizer = AutoTokenizer.from_pretrained(inputs.model_path)
+    max_len = req.hyperparameters.max_seq_len
+    try:
+        train = load_examples(str(inputs.training_file), tokenizer, max_len)
+        valid = load_examples(str(inputs.validation_file), tokenizer, max_len) if inputs.validation_file else []
+    except DataError as exc:
+        param = "validation_file" if exc.path == str(inputs.validation_file) else "training_file"
+        raise TrainingUserError("user_error.invalid_data", str(exc), param) from None
+    lengths = [len(e.input_ids) for e in train]
+    stats = {
+        "train_examples": len(train), "validation_examples": len(valid),
+        "train_tokens": sum(lengths), "min_tokens": min(lengths), "max_tokens": max(lengths),
+        "mean_tokens": round(sum(lengths) / len(lengths), 1),
+        "truncated_examples": sum(1 for n in lengths if n >= max_len),
+        "loss_tokens": sum(e.loss_tokens for e in train),
+    }
+    return build_train_config(job_id, req, inputs, len(train), settings), stats

@@ -1,0 +1,76 @@
+"""Training configuration: frozen dataclasses that cross from the service into the Ray Job
+driver and the Train workers as plain dicts. Pure Python: no torch import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] | str = "all-linear"
+    #: 4-bit data type for QLoRA ("nf4" or "fp4"); None loads the base model unquantized.
+    quant_type: str | None = None
+    double_quant: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run needs, with every default already filled in."""
+
+    job_id: str
+    model_path: str
+    training_file: str
+    validation_file: str | None
+    method: str  # "lora" | "qlora" | "full"
+    lora: LoraSpec | None
+    total_steps: int
+    num_train_examples: int
+    learning_rate: float = 2e-4
+    lr_scheduler: str = "cosine"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+    global_batch_size: int = 8
+    micro_batch_size: int = 4
+    max_seq_len: int = 512
+    seed: int = 42
+    log_every_steps: int = 1
+    min_workers: int = 1
+    max_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    strategy: str = "ddp"
+    checkpoint_every_steps: int = 50
+    checkpoint_keep: int = 2
+    checkpoint_root: str = ""
+    artifact_root: str = ""
+    base_model_name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        data = dict(data)
+        lora = data.get("lora")
+        if lora is not None:
+            lora = dict(lora)
+            if isinstance(lora.get("target_modules"), list):
+                lora["target_modules"] = tuple(lora["target_modules"])
+            data["lora"] = LoraSpec(**lora)
+        return cls(**data)
+
+
+def steps_for(num_examples: int, global_batch_size: int, epochs: float) -> int:
+    """Optimizer steps that cover `epochs` passes when the sample stream is cut into global
+    batches with no example dropped (the last batch of an epoch borrows from the next)."""
+    return max(1, math.ceil(epochs * num_examples / global_batch_size))

@@ -1,0 +1,134 @@
+"""Dataset record shapes and their schema checks. Pure Python (json only), so the service can
+check an upload or a request's files without importing torch.
+
+Three shapes, one per JSONL line, detected per record:
+- chat: `{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}`; the loss
+  is computed on assistant turns only.
+- prompt/completion: `{"prompt": str, "completion": str}`; the loss is on the completion only.
+- text: `{"text": str}`; the loss is on every token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class RecordProblem:
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.field}: {self.message}"
+
+
+@dataclass
+class ScanResult:
+    """What a full pass over a JSONL file found."""
+
+    records: int = 0
+    formats: dict[str, int] = field(default_factory=dict)
+    problems: list[RecordProblem] = field(default_factory=list)
+    problems_total: int = 0
+
+
+def detect_format(record: Any) -> str | None:
+    """Returns 'chat', 'prompt_completion', 'text', or None when no shape matches."""
+    if not isinstance(record, dict):
+        return None
+    if "messages" in record:
+        return "chat"
+    if "prompt" in record or "completion" in record:
+        return "prompt_completion"
+    if "text" in record:
+        return "text"
+    return None
+
+
+def _check_text(value: Any, name: str, out: list[tuple[str, str]]) -> None:
+    if not isinstance(value, str):
+        out.append((name, f"must be a string, got {type(value).__name__}"))
+    elif not value.strip():
+        out.append((name, "is empty or whitespace only"))
+
+
+def _check_chat(messages: Any, out: list[tuple[str, str]]) -> None:
+    if not isinstance(messages, list) or not messages:
+        out.append(("messages", "must be a non-empty list of {role, content} objects"))
+        return
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            out.append((where, "must be an object with role and content"))
+            continue
+        role = msg.get("role")
+        if role not in ROLES:
+            out.append((f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}"))
+        if role == "system" and i != 0:
+            out.append((f"{where}.role", "a system message may only come first"))
+        _check_text(msg.get("content"), f"{where}.content", out)
+    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+        out.append(("messages", "has no assistant message, so nothing to learn from"))
+
+
+def check_record(record: Any) -> tuple[str | None, list[tuple[str, str]]]:
+    """Returns (format, [(field, message), ...]) for one parsed JSONL record."""
+    fmt = detect_format(record)
+    out: list[tuple[str, str]] = []
+    if fmt is None:
+        out.append((
+            "record",
+            "must be an object with 'messages' (chat), 'prompt' and 'completion', or 'text'",
+        ))
+    elif fmt == "chat":
+        _check_chat(record["messages"], out)
+    elif fmt == "prompt_completion":
+        for key in ("prompt", "completion"):
+            if key not in record:
+                out.append((key, "is missing"))
+            else:
+                _check_text(record[key], key, out)
+    else:
+        _check_text(record["text"], "text", out)
+    return fmt, out
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    """Yields (line number, parsed record or None, parse error or None), skipping blank lines."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line), None
+            except json.JSONDecodeError as exc:
+                yield lineno, None, f"is not valid JSON: {exc.msg} at column {exc.colno}"
+
+
+def scan_jsonl(path: Path, max_problems: int = 20) -> ScanResult:
+    """Parse and schema-check every line of a JSONL dataset.
+
+    Returns a ScanResult with up to `max_problems` problems (and the total count). Raises
+    OSError or UnicodeDecodeError when the file cannot be read as UTF-8 text.
+    """
+    result = ScanResult()
+    for lineno, record, parse_error in iter_jsonl(path):
+        result.records += 1
+        found: list[tuple[str, str]]
+        if parse_error:
+            found = [("line", parse_error)]
+        else:
+            fmt, found = check_record(record)
+            if fmt and not found:
+                result.formats[fmt] = result.formats.get(fmt, 0) + 1
+        result.problems_total += len(found)
+        for field_name, message in found:
+            if len(result.problems) < max_problems:
+                result.problems.append(RecordProblem(lineno, field_name, message))
+    return result

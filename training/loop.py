@@ -1,0 +1,255 @@
+"""The training loop that runs in every Ray Train worker.
+
+Run through `training.driver` (a Ray Job entrypoint); `train_loop_per_worker` is what
+`TorchTrainer` calls on each rank. The recipe has a fixed life: setup (data, model, optimizer,
+resume) -> train (optimizer steps) -> finish (eval, final checkpoint with the adapter).
+
+The loss of a step is the mean over every target token of the global batch, whatever the
+number of workers: each rank sums its token losses and divides by the global token count, so
+the gradient (after DDP's average, undone by the world-size factor) equals the single-process
+gradient of the whole batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import ray.train
+import ray.train.torch
+
+from training import checkpoint
+from training.config import TrainConfig
+from training.data import DataError, Example, collate, global_batch_indices, load_examples, shard_for_rank
+from training.errors import TrainingUserError
+from training.model import load_trainable_model
+
+
+def lr_lambda(cfg: TrainConfig):
+    """Multiplier of the peak learning rate at each optimizer step: warmup, then decay."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.lr_scheduler == "constant":
+            return 1.0
+        progress = (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps)
+        progress = min(1.0, progress)
+        if cfg.lr_scheduler == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of next-token cross-entropy over the target tokens of a micro-batch (fp32)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    shift_logits = logits[:, :-1, :].float().flatten(0, 1)
+    shift_labels = batch["labels"][:, 1:].flatten()
+    return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+
+
+@dataclass
+class Window:
+    """Counters between two metric reports, summed over this rank's micro-batches."""
+
+    loss_sum: float = 0.0
+    target_tokens: float = 0.0
+    input_tokens: float = 0.0
+    steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Recipe:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id
+        try:
+            self.train_examples = load_examples(cfg.training_file, self.tokenizer, cfg.max_seq_len)
+            self.valid_examples = (
+                load_examples(cfg.validation_file, self.tokenizer, cfg.max_seq_len)
+                if cfg.validation_file else []
+            )
+        except DataError as exc:
+            param = "validation_file" if exc.path == cfg.validation_file else "training_file"
+            raise TrainingUserError("user_error.invalid_data", str(exc), param) from None
+        model = load_trainable_model(cfg)
+        self.model = ray.train.torch.prepare_model(model)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.step = 0
+        resume_from = ray.train.get_checkpoint()
+        if resume_from is not None:
+            with resume_from.as_directory() as directory:
+                self.step = checkpoint.restore(
+                    Path(directory), model=_unwrap(self.model), optimizer=self.optimizer,
+                    scheduler=self.scheduler,
+                )
+
+    # --- train ---------------------------------------------------------------------------
+
+    def _micro_batches(self, step: int) -> tuple[list[list[Example]], float]:
+        """This rank's micro-batches for `step`, and the global batch's target-token count."""
+        cfg = self.cfg
+        n = len(self.train_examples)
+        indices = global_batch_indices(n, cfg.seed, step, cfg.global_batch_size)
+        global_tokens = sum(self.train_examples[i].loss_tokens for i in indices)
+        mine = [self.train_examples[i] for i in shard_for_rank(indices, self.rank, self.world_size)]
+        size = cfg.micro_batch_size
+        return [mine[i : i + size] for i in range(0, len(mine), size)], float(global_tokens)
+
+    def train_step(self, window: Window) -> float | None:
+        """One optimizer step over the global batch. Returns the gradient norm if clipped."""
+        micro_batches, global_tokens = self._micro_batches(self.step)
+        # DDP averages gradients over ranks; scale back so the result is the global token mean.
+        scale = self.world_size / global_tokens
+        for i, examples in enumerate(micro_batches):
+            batch = {k: v.to(self.device) for k, v in collate(examples, self.pad_id).items()}
+            last = i == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if last or self.world_size == 1 else self.model.no_sync()
+            with sync:
+                loss_sum = token_loss_sum(self.model, batch)
+                (loss_sum * scale).backward()
+            window.loss_sum += loss_sum.detach()
+            window.input_tokens += int(batch["attention_mask"].sum())
+        window.target_tokens += global_tokens / self.world_size
+        grad_norm = None
+        if self.cfg.max_grad_norm:
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in self.model.parameters() if p.requires_grad], self.cfg.max_grad_norm
+            )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        window.steps += 1
+        return float(grad_norm) if grad_norm is not None else None
+
+    def _window_metrics(self, window: Window, grad_norm: float | None) -> dict[str, float]:
+        loss_sum, input_tokens = _all_reduce_sum(
+            [float(window.loss_sum), float(window.input_tokens)], self.device
+        )
+        target_tokens = window.target_tokens * self.world_size
+        elapsed = time.perf_counter() - window.started
+        loss = loss_sum / max(1.0, target_tokens)
+        if not math.isfinite(loss):
+            raise TrainingUserError(
+                "user_error.nan_loss",
+                f"the loss became {loss} at step {self.step}: lower learning_rate or check the data",
+                "hyperparameters.learning_rate",
+            )
+        metrics = {
+            "step": self.step,
+            "loss": loss,
+            "learning_rate": self.optimizer.param_groups[0]["lr"],
+            "tokens_per_s": input_tokens / elapsed,
+            "step_time_s": elapsed / max(1, window.steps),
+            "epoch": self.step * self.cfg.global_batch_size / len(self.train_examples),
+            "world_size": self.world_size,
+        }
+        if grad_norm is not None:
+            metrics["grad_norm"] = grad_norm
+        return metrics
+
+    def _report(self, metrics: dict[str, float], with_checkpoint: bool, final: bool = False) -> None:
+        """Every rank reports at the same cadence (a barrier); rank 0 carries the checkpoint."""
+        if not (with_checkpoint and self.rank == 0):
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="eft-ckpt-") as tmp:
+            directory = Path(tmp)
+            model = _unwrap(self.model)
+            checkpoint.save(
+                directory, model=model, optimizer=self.optimizer, scheduler=self.scheduler,
+                step=self.step, metrics=metrics,
+            )
+            if final:
+                model.save_pretrained(directory / "adapter")
+                self.tokenizer.save_pretrained(directory / "adapter")
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+    def train(self) -> None:
+        cfg = self.cfg
+        window = Window()
+        self.model.train()
+        while self.step < cfg.total_steps:
+            grad_norm = self.train_step(window)
+            at_log = self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps
+            at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and self.step < cfg.total_steps
+            if at_log or at_ckpt:
+                self._report(self._window_metrics(window, grad_norm), with_checkpoint=at_ckpt)
+                window = Window()
+
+    # --- finish --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean target-token loss over the validation set, sharded over ranks."""
+        if not self.valid_examples:
+            return None
+        self.model.eval()
+        mine = self.valid_examples[self.rank :: self.world_size]
+        loss_sum, tokens = 0.0, 0.0
+        for i in range(0, len(mine), self.cfg.micro_batch_size):
+            examples = mine[i : i + self.cfg.micro_batch_size]
+            batch = {k: v.to(self.device) for k, v in collate(examples, self.pad_id).items()}
+            loss_sum += float(token_loss_sum(_unwrap(self.model), batch))
+            tokens += sum(e.loss_tokens for e in examples)
+        loss_sum, tokens = _all_reduce_sum([loss_sum, tokens], self.device)
+        self.model.train()
+        return loss_sum / max(1.0, tokens)
+
+    def finish(self) -> None:
+        metrics: dict[str, float] = {"step": self.step, "final": 1.0, "world_size": self.world_size}
+        eval_loss = self.evaluate()
+        if eval_loss is not None:
+            metrics["eval_loss"] = eval_loss
+        self._report(metrics, with_checkpoint=True, final=True)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Entry point of every Ray Train worker."""
+    cfg = TrainConfig.from_dict(config)
+    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+    recipe = Recipe(cfg)
+    recipe.setup()
+    recipe.train()
+    recipe.finish()

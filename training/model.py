@@ -1,0 +1,79 @@
+"""Load a base model through `from_pretrained` and make it trainable: LoRA, QLoRA or full."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from training.config import TrainConfig
+
+
+def compute_dtype(cfg: TrainConfig) -> torch.dtype:
+    # fp32 on CPU keeps runs exact and comparable; bf16 on GPUs that support it.
+    if cfg.use_gpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _quantization_config(cfg: TrainConfig) -> Any:
+    from transformers import BitsAndBytesConfig
+
+    assert cfg.lora is not None
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=cfg.lora.quant_type or "nf4",
+        bnb_4bit_use_double_quant=cfg.lora.double_quant,
+        bnb_4bit_compute_dtype=compute_dtype(cfg),
+    )
+
+
+def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
+    """Returns the base model with the job's method applied; only trainable params need grads."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": compute_dtype(cfg)}
+    if cfg.method == "qlora":
+        kwargs["quantization_config"] = _quantization_config(cfg)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model_path, **kwargs)
+    if cfg.method == "full":
+        model.requires_grad_(True)
+        return model
+
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if cfg.method == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    spec = cfg.lora
+    assert spec is not None
+    target = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
+    lora_config = LoraConfig(
+        r=spec.r,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=target,
+        task_type="CAUSAL_LM",
+    )
+    # Seeded so every rank builds identical adapters (DDP also broadcasts rank 0's at wrap).
+    torch.manual_seed(cfg.seed)
+    return get_peft_model(model, lora_config)
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters by name, detached and on CPU (what a checkpoint keeps)."""
+    return {
+        name: p.detach().to("cpu").contiguous()
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy saved trainable parameters into `model`. Raises KeyError on a name mismatch."""
+    params = dict(model.named_parameters())
+    missing = [n for n, p in params.items() if p.requires_grad and n not in state]
+    if missing:
+        raise KeyError(f"checkpoint lacks trainable parameters: {missing[:5]}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
