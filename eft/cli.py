@@ -1,0 +1,396 @@
+"""`eft`: the command line of the elastic fine-tuning service.
+
+    eft up --num-cpus 8                  # start local Ray and the service, print the dashboard
+    eft jobs create --model tiny-llama --training-file data/train.jsonl --max-steps 20 --wait
+    eft jobs create --file request.json --learning-rate 1e-4   # flags override the file
+    eft jobs list --status running
+    eft jobs wait ftjob-...              # progress bar; exit 0 only when the job succeeded
+    eft down
+
+Every command takes --json to print machine-readable JSON only. --base-url and --api-key (or
+EFT_BASE_URL and EFT_API_KEY) choose the service. Exit codes: 0 ok, 1 API error or job not
+succeeded, 2 usage error (bad flag, invalid request).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, get_args
+
+import typer
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from api.models import (
+    FullMethod,
+    Job,
+    JobCreate,
+    JobMetric,
+    JobStatus,
+    LoraMethod,
+    QloraMethod,
+    Strategy,
+)
+from eft._errors import APIStatusError, EftError
+from eft.client import Client
+
+app = typer.Typer(help="Elastic fine-tuning on Ray.", no_args_is_help=True, add_completion=False)
+jobs_app = typer.Typer(help="Create, inspect, cancel and wait for fine-tuning jobs.",
+                       no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+out = Console()
+err = Console(stderr=True)
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
+JobId = Annotated[str, typer.Argument(help="Job id, e.g. ftjob-...")]
+# Choices come from the wire models, so a new method or strategy needs no CLI change.
+MethodName = Enum("MethodName", {m.model_fields["type"].default: m.model_fields["type"].default
+                                 for m in (LoraMethod, QloraMethod, FullMethod)}, type=str)
+StrategyName = Enum("StrategyName", {s: s for s in get_args(Strategy)}, type=str)
+STATUS_STYLE = {JobStatus.succeeded: "green", JobStatus.failed: "red",
+                JobStatus.cancelled: "yellow", JobStatus.running: "cyan"}
+
+
+class CliError(Exception):
+    """A failure the CLI reports as one message and an exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def make_client(base_url: str | None, api_key: str | None) -> Client:
+    """Return the client every command uses (tests replace this seam with a mocked one)."""
+    return Client(base_url=base_url, api_key=api_key)
+
+
+def _client(ctx: typer.Context) -> Client:
+    return make_client(**(ctx.find_root().obj or {}))
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    base_url: Annotated[str | None, typer.Option(envvar="EFT_BASE_URL",
+                                                 help="Service URL.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="EFT_API_KEY", show_default=False,
+                                                help="API key (sent as a Bearer token).")] = None,
+) -> None:
+    """Elastic fine-tuning on Ray: start the service with `eft up`, then `eft jobs create`."""
+    ctx.obj = {"base_url": base_url, "api_key": api_key}
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def _emit_json(data: Any) -> None:
+    payload = data.model_dump(mode="json") if isinstance(data, BaseModel) else data
+    typer.echo(json.dumps(payload, indent=2, default=str))
+
+
+def _fail(message: str, problems: list[str], as_json: bool, exit_code: int, body: Any = None):
+    if as_json:
+        _emit_json(body or {"error": {"message": message, "errors": problems}})
+    else:
+        err.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+        for problem in problems:
+            err.print(Text(f"  - {problem}"), soft_wrap=True)
+    raise typer.Exit(exit_code)
+
+
+def _guarded(command: Callable) -> Callable:
+    """Turn client and validation errors into a message and an exit code (1 API, 2 usage)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        as_json = kwargs.get("as_json", False)
+        try:
+            return command(*args, **kwargs)
+        except ValidationError as exc:
+            problems = [f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg'].removeprefix('Value error, ')}"
+                        for e in exc.errors()]
+            _fail("invalid job request", problems, as_json, 2)
+        except APIStatusError as exc:
+            problems = [f"{p.get('param') or 'request'}: {p.get('message')}" for p in exc.errors]
+            if exc.request_id and not as_json:
+                problems.append(f"request id: {exc.request_id}")
+            body = exc.body if isinstance(exc.body, dict) else None
+            _fail(f"{exc.status_code} {exc.message}", problems, as_json, 1, body)
+        except (EftError, CliError) as exc:
+            _fail(str(exc), [], as_json, getattr(exc, "exit_code", 1))
+
+    return run
+
+
+def _table(*columns: str, rows: list[tuple[Any, ...]]) -> Table:
+    """A borderless table; with no column names it is a key/value listing without a header."""
+    table = Table(*columns, box=None, header_style="bold", show_header=any(columns))
+    for row in rows:
+        # Text() keeps user content (names, messages) from being read as rich markup.
+        table.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in row))
+    return table
+
+
+def _status(job: Job) -> Text:
+    return Text(job.status.value, style=STATUS_STYLE.get(job.status, ""))
+
+
+def _progress(job: Job) -> str:
+    return f"{job.step}/{job.total_steps}" if job.total_steps else str(job.step)
+
+
+def _time(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _show_job(job: Job, as_json: bool) -> None:
+    if as_json:
+        return _emit_json(job)
+    method = job.method.type + (f" r={job.method.r}" if isinstance(job.method, LoraMethod) else "")
+    scaling = job.scaling
+    rows = [
+        ("id", job.id), ("name", job.name or "-"), ("status", _status(job)), ("model", job.model),
+        ("training file", job.training_file), ("method", method), ("strategy", job.strategy),
+        ("workers", f"{job.num_workers or '-'} (of {scaling.min_workers}"
+                    f"..{scaling.resolved_max_workers})"),
+        ("progress", _progress(job)), ("created", _time(job.created_at)),
+        ("finished", _time(job.finished_at)), ("artifact", job.artifact_path or "-"),
+    ]
+    if job.error:
+        rows.append(("error", f"{job.error.code}: {job.error.message}"))
+    out.print(_table("", "", rows=rows))
+
+
+def _metric_text(metric: JobMetric | None) -> str:
+    if metric is None:
+        return ""
+    values = metric.values
+    parts = [f"{key} {values[key]:.4f}" for key in ("loss", "eval_loss") if key in values]
+    if "tokens_per_s" in values:
+        parts.append(f"{values['tokens_per_s']:,.0f} tok/s")
+    return "  ".join(parts)
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def _service_local():
+    try:
+        local = importlib.import_module("service.local")  # ray and fastapi: only for up/down
+    except ImportError as exc:
+        raise CliError(f"`eft up`/`eft down` need the service installed with its server "
+                       f"dependencies (pip install eft on the server machine): {exc}") from exc
+    return local
+
+
+def up(port: Annotated[int, typer.Option(help="Port of the REST API.")] = 8000,
+       num_cpus: Annotated[int | None, typer.Option(help="CPUs for a new local Ray.")] = None,
+       as_json: AsJson = False) -> None:
+    """Start local Ray (or join a running one) and the service: `eft up --num-cpus 8`."""
+    info = _service_local().up(port=port, num_cpus=num_cpus)
+    if as_json:
+        return _emit_json(info)
+    ray = "started" if info["started_ray"] else "already running (reused)"
+    out.print(_table("", "", rows=[("service", info["service_url"]),
+                                   ("dashboard", info["dashboard_url"]), ("ray", ray)]))
+
+
+def down(as_json: AsJson = False) -> None:
+    """Stop the service, and Ray when `eft up` started it: `eft down`."""
+    info = _service_local().down()
+    if as_json:
+        return _emit_json(info)
+    out.print(_table("", "", rows=[
+        ("service", "stopped" if info["stopped_service"] else "was not running"),
+        ("ray", "stopped" if info["stopped_ray"] else "left running"),
+    ]))
+
+
+# Flag of `jobs create` -> (section of JobCreate, field); "" is the top level.
+CREATE_FIELDS = {
+    "model": ("", "model"), "training_file": ("", "training_file"),
+    "validation_file": ("", "validation_file"), "strategy": ("", "strategy"), "name": ("", "name"),
+    "method": ("method", "type"), "r": ("method", "r"), "alpha": ("method", "alpha"),
+    "dropout": ("method", "dropout"), "target_modules": ("method", "target_modules"),
+    "epochs": ("hyperparameters", "epochs"), "max_steps": ("hyperparameters", "max_steps"),
+    "learning_rate": ("hyperparameters", "learning_rate"),
+    "global_batch_size": ("hyperparameters", "global_batch_size"),
+    "micro_batch_size": ("hyperparameters", "micro_batch_size"),
+    "max_seq_len": ("hyperparameters", "max_seq_len"), "seed": ("hyperparameters", "seed"),
+    "min_workers": ("scaling", "min_workers"), "max_workers": ("scaling", "max_workers"),
+    "use_gpu": ("scaling", "use_gpu"), "checkpoint_every": ("checkpoint", "every_steps"),
+}
+
+
+def _read_request_file(path: Path) -> dict[str, Any]:
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read {path} as JSON: {exc}", exit_code=2) from exc
+    if not isinstance(body, dict):
+        raise CliError(f"{path} must hold a JSON object (a job request)", exit_code=2)
+    return body
+
+
+def build_request(file: Path | None, flags: dict[str, Any]) -> JobCreate:
+    """Return the request from `file` with the set `flags` on top; raises ValidationError."""
+    body = _read_request_file(file) if file else {}
+    method = flags.get("method")
+    if method and (body.get("method") or {}).get("type", "lora") != method.value:
+        body.pop("method", None)  # another method: the file's method fields no longer apply
+    if isinstance(flags.get("target_modules"), str) and flags["target_modules"] != "all-linear":
+        flags["target_modules"] = [m.strip() for m in flags["target_modules"].split(",") if m]
+    for flag, value in flags.items():
+        section, field = CREATE_FIELDS[flag]
+        if value is None:
+            continue
+        value = value.value if isinstance(value, Enum) else value
+        if not section:
+            body[field] = value
+            continue
+        body[section] = {**(body.get(section) or {}), field: value}
+        if section == "method":
+            body[section].setdefault("type", "lora")
+    return JobCreate.model_validate(body)
+
+
+def jobs_create(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option(help="Base model name or path.")] = None,
+    training_file: Annotated[str | None, typer.Option(help="Training JSONL path.")] = None,
+    validation_file: Annotated[str | None, typer.Option(help="Validation JSONL path.")] = None,
+    method: Annotated[MethodName | None, typer.Option()] = None,
+    r: Annotated[int | None, typer.Option("--r", help="LoRA rank.")] = None,
+    alpha: Annotated[float | None, typer.Option(help="LoRA alpha.")] = None,
+    dropout: Annotated[float | None, typer.Option(help="LoRA dropout.")] = None,
+    target_modules: Annotated[str | None, typer.Option(help="Comma list or all-linear.")] = None,
+    epochs: Annotated[float | None, typer.Option()] = None,
+    max_steps: Annotated[int | None, typer.Option()] = None,
+    learning_rate: Annotated[float | None, typer.Option()] = None,
+    global_batch_size: Annotated[int | None, typer.Option()] = None,
+    micro_batch_size: Annotated[int | None, typer.Option()] = None,
+    max_seq_len: Annotated[int | None, typer.Option()] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    min_workers: Annotated[int | None, typer.Option()] = None,
+    max_workers: Annotated[int | None, typer.Option()] = None,
+    use_gpu: Annotated[bool | None, typer.Option("--use-gpu/--no-use-gpu")] = None,
+    strategy: Annotated[StrategyName | None, typer.Option()] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
+    name: Annotated[str | None, typer.Option()] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", exists=True, dir_okay=False,
+                                              help="JSON request; flags override it.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Then wait as `eft jobs wait`.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a job: `eft jobs create --model tiny-llama --training-file data/train.jsonl`."""
+    flags = {key: value for key, value in locals().items() if key in CREATE_FIELDS}
+    client = _client(ctx)
+    job = client.jobs.create(build_request(file, flags))
+    if wait:
+        return _wait_and_report(client, job.id, 2.0, None, as_json)
+    _show_job(job, as_json)
+
+
+def jobs_list(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(min=1, help="Jobs per page.")] = 20,
+    status: Annotated[JobStatus | None, typer.Option()] = None,
+    after: Annotated[str | None, typer.Option(help="Cursor from the previous page.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """List jobs, newest first: `eft jobs list --status running`."""
+    page = _client(ctx).jobs.list(limit=limit, after=after, status=status)
+    if as_json:
+        return _emit_json(page.body)
+    rows = [(j.id, j.name or "-", _status(j), j.model, _progress(j), _time(j.created_at))
+            for j in page.data]
+    out.print(_table("id", "name", "status", "model", "step", "created", rows=rows))
+    if page.has_more:
+        out.print(Text(f"more: eft jobs list --after {page.next_cursor}", style="dim"))
+
+
+def jobs_get(ctx: typer.Context, job_id: JobId, as_json: AsJson = False) -> None:
+    """Show one job: `eft jobs get ftjob-...`."""
+    _show_job(_client(ctx).jobs.retrieve(job_id), as_json)
+
+
+def jobs_cancel(ctx: typer.Context, job_id: JobId, as_json: AsJson = False) -> None:
+    """Ask a job to stop; it keeps its last checkpoint: `eft jobs cancel ftjob-...`."""
+    _show_job(_client(ctx).jobs.cancel(job_id), as_json)
+
+
+def jobs_events(
+    ctx: typer.Context,
+    job_id: JobId,
+    after: Annotated[int | None, typer.Option(help="Only events after this event id.")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 100,
+    as_json: AsJson = False,
+) -> None:
+    """Show a job's events, oldest first: `eft jobs events ftjob-...`."""
+    events = _client(ctx).jobs.list_events(job_id, after=after, limit=limit)
+    if as_json:
+        return _emit_json(events)
+    rows = [(e.id, _time(e.created_at), e.level, e.type, e.message) for e in events.data]
+    out.print(_table("id", "time", "level", "type", "message", rows=rows))
+
+
+def _wait_with_progress(client: Client, job_id: str, poll_interval_s: float,
+                        timeout_s: float | None) -> Job:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    with Progress(*columns, console=out) as bar:
+        task = bar.add_task(job_id, total=None, info="")
+
+        def show(job: Job, metric: JobMetric | None) -> None:
+            bar.update(task, completed=job.step, total=job.total_steps, info=_metric_text(metric),
+                       description=f"{job.id} {job.status.value}")
+
+        return client.jobs.wait(job_id, poll_interval_s, timeout_s, on_progress=show)
+
+
+def _wait_and_report(client: Client, job_id: str, poll_interval_s: float,
+                     timeout_s: float | None, as_json: bool) -> None:
+    if as_json:
+        job = client.jobs.wait(job_id, poll_interval_s, timeout_s)
+        _emit_json(job)
+    else:
+        job = _wait_with_progress(client, job_id, poll_interval_s, timeout_s)
+        line = Text(f"{job.id} ") + _status(job) + Text(f" at step {_progress(job)}")
+        if job.error:
+            line += Text(f": {job.error.code}: {job.error.message}")
+        elif job.artifact_path:
+            line += Text(f"; artifact: {job.artifact_path}")
+        out.print(line)
+    if job.status is not JobStatus.succeeded:
+        raise typer.Exit(1)
+
+
+def jobs_wait(
+    ctx: typer.Context,
+    job_id: JobId,
+    poll_interval_s: Annotated[float, typer.Option("--poll-interval", min=0.0)] = 2.0,
+    timeout_s: Annotated[float | None, typer.Option("--timeout", help="Give up after s.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Follow a job to its end with a progress bar; exit 0 only if it succeeded."""
+    _wait_and_report(_client(ctx), job_id, poll_interval_s, timeout_s, as_json)
+
+
+# The one table of commands: "group name" -> function. Registration below reads only this.
+COMMANDS: dict[str, Callable[..., None]] = {
+    "up": up, "down": down,
+    "jobs create": jobs_create, "jobs list": jobs_list, "jobs get": jobs_get,
+    "jobs cancel": jobs_cancel, "jobs events": jobs_events, "jobs wait": jobs_wait,
+}
+_GROUPS = {"": app, "jobs": jobs_app}
+for _name, _command in COMMANDS.items():
+    _group, _, _leaf = _name.rpartition(" ")
+    _GROUPS[_group].command(_leaf)(_guarded(_command))

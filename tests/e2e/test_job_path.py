@@ -1,0 +1,162 @@
+"""The whole path over real HTTP: Ray Serve -> scheduler -> Ray Job -> Ray Train (2 workers)
+-> adapter on disk, loaded back with plain PEFT in a fresh process; plus cancel and a job that
+fails validation with a user error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import wait_for
+
+pytestmark = pytest.mark.e2e
+
+LORA_JOB = {
+    "model": "tiny-llama",
+    "training_file": "demo/chat_train.jsonl",
+    "validation_file": "demo/chat_valid.jsonl",
+    "method": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
+    "hyperparameters": {"max_steps": 12, "learning_rate": 3e-3, "global_batch_size": 16,
+                        "micro_batch_size": 4, "max_seq_len": 128, "warmup_steps": 2},
+    "scaling": {"min_workers": 2},
+    "checkpoint": {"every_steps": 5, "keep": 2},
+    "name": "e2e-lora",
+}
+
+LOAD_IN_FRESH_PROCESS = textwrap.dedent("""
+    import json, sys, torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    base_dir, adapter_dir, valid = sys.argv[1:4]
+    tok = AutoTokenizer.from_pretrained(adapter_dir)
+    rows = [json.loads(l) for l in open(valid)][:32]
+    def loss(model):
+        total, n = 0.0, 0
+        for row in rows:
+            out = tok.apply_chat_template(row["messages"], return_dict=True,
+                                          return_assistant_tokens_mask=True, return_tensors="pt")
+            labels = out["input_ids"].clone()
+            labels[out["assistant_masks"] == 0] = -100
+            with torch.no_grad():
+                l = model(input_ids=out["input_ids"], labels=labels).loss
+            k = int((labels[:, 1:] != -100).sum())
+            total, n = total + float(l) * k, n + k
+        return total / n
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    before = loss(base)
+    tuned = PeftModel.from_pretrained(base, adapter_dir)
+    print(json.dumps({"before": before, "after": loss(tuned),
+                      "type": type(tuned).__name__, "modules": sorted(tuned.peft_config["default"].target_modules)}))
+""")
+
+
+def _post(url: str, body: dict) -> dict:
+    r = httpx.post(f"{url}/jobs", json=body, timeout=60)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_lora_job_over_http_produces_a_loadable_adapter(service):
+    url = service["url"]
+    job = _post(url, LORA_JOB)
+    done = wait_for(job["id"], url, {"succeeded"})
+    assert done["attempt"] == 1 and done["num_workers"] == 2 and done["step"] == 12
+    assert done["ray_submission_id"] == f"{job['id']}-attempt-1"
+    artifact = Path(done["artifact_path"])
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json",
+            "eft_manifest.json"} <= {p.name for p in artifact.iterdir()}
+
+    manifest = json.loads((artifact / "eft_manifest.json").read_text())
+    assert manifest["job_id"] == job["id"] and manifest["method"] == "lora"
+    assert len(manifest["base_model"]["fingerprint_sha256"]) == 64
+    assert len(manifest["datasets"]["training_file"]["sha256"]) == 64
+    assert manifest["hyperparameters"]["global_batch_size"] == 16
+    assert manifest["final_metrics"]["eval_loss"] == pytest.approx(done["result_metrics"]["eval_loss"])
+
+    metrics = httpx.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
+    steps = [m for m in metrics if "loss" in m["values"]]
+    assert [m["step"] for m in steps] == list(range(1, 13))
+    assert all(m["values"]["world_size"] == 2 and m["values"]["tokens_per_s"] > 0 for m in steps)
+    assert steps[-1]["values"]["loss"] < steps[0]["values"]["loss"]
+    assert steps[0]["values"]["learning_rate"] < steps[2]["values"]["learning_rate"]  # warmup
+
+    events = [e["type"] for e in httpx.get(f"{url}/jobs/{job['id']}/events").json()["data"]]
+    for expected in ("created", "queued", "dispatched", "submitted", "training_started",
+                     "checkpoint_saved", "succeeded"):
+        assert expected in events
+    assert events.index("queued") < events.index("dispatched") < events.index("succeeded")
+    checkpoints = httpx.get(f"{url}/jobs/{job['id']}/checkpoints").json()["data"]
+    assert [c["step"] for c in checkpoints] == [5, 10, 12]
+
+    base_dir = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-llama"
+    valid = Path(__file__).resolve().parents[2] / "assets" / "data" / "demo" / "chat_valid.jsonl"
+    out = subprocess.run([sys.executable, "-c", LOAD_IN_FRESH_PROCESS, str(base_dir), str(artifact), str(valid)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded["type"] == "PeftModelForCausalLM"
+    assert loaded["after"] < loaded["before"] - 0.5, loaded
+
+
+def test_minimal_request_as_in_the_readme(service):
+    """`curl -X POST /jobs -d '{"model": ..., "training_file": ...}'`: defaults do the rest."""
+    url = service["url"]
+    job = _post(url, {"model": "tiny-llama", "training_file": "demo/completion_train.jsonl"})
+    assert job["hyperparameters"]["global_batch_size"] == 8 and job["scaling"]["min_workers"] == 1
+    done = wait_for(job["id"], url, {"succeeded"})
+    assert done["total_steps"] and done["step"] == done["total_steps"]
+    assert (Path(done["artifact_path"]) / "adapter_model.safetensors").is_file()
+
+
+def test_cancel_stops_the_ray_job_and_its_workers(service):
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_actors
+
+    url = service["url"]
+    body = {**LORA_JOB, "hyperparameters": {**LORA_JOB["hyperparameters"], "max_steps": 100000},
+            "name": "e2e-cancel"}
+    job = _post(url, body)
+    deadline = time.monotonic() + 300
+    while not httpx.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]:
+        assert time.monotonic() < deadline, "the job never reported a step"
+        time.sleep(0.5)
+    r = httpx.post(f"{url}/jobs/{job['id']}/cancel")
+    assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled")
+    started = time.monotonic()
+    done = wait_for(job["id"], url, {"cancelled"}, timeout_s=120)
+    assert done["finished_at"] and time.monotonic() - started < 60
+    ray_jobs = JobSubmissionClient(service["dashboard_url"])
+    assert ray_jobs.get_job_status(done["ray_submission_id"]).value == "STOPPED"
+    deadline = time.monotonic() + 60
+    while True:
+        alive = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
+                 if "TrainWorker" in a.class_name or "TrainController" in a.class_name]
+        if not alive:
+            break
+        assert time.monotonic() < deadline, f"train actors still alive: {alive}"
+        time.sleep(1)
+
+
+def test_data_that_cannot_train_fails_with_a_user_error(service):
+    url = service["url"]
+    data = service["home"] / "data" / "long_prompts.jsonl"
+    row = {"prompt": "word " * 200, "completion": "answer"}
+    data.write_text(json.dumps(row) + "\n")
+    job = _post(url, {"model": "tiny-llama", "training_file": str(data),
+                      "hyperparameters": {"max_seq_len": 16}})
+    deadline = time.monotonic() + 120
+    while (failed := httpx.get(f"{url}/jobs/{job['id']}").json())["status"] != "failed":
+        assert failed["status"] in ("validating",), failed
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert failed["error"]["code"] == "user_error.invalid_data"
+    assert failed["error"]["param"] == "training_file"
+    assert "line 1" in failed["error"]["message"] and "max_seq_len" in failed["error"]["message"]
+    assert failed["attempt"] == 0  # never dispatched

@@ -1,0 +1,167 @@
+"""The REST surface over a real store: bad input gets one 422 naming every problem, and
+nothing is stored for it; good input creates a `validating` job."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from service.jobs import JobService
+from service.launcher import RayJobsLauncher
+from service.settings import get_settings
+from service.store import Store
+
+pytestmark = pytest.mark.integration
+CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+@pytest.fixture
+def client(eft_home):
+    settings = get_settings()
+    store = Store(settings.resolved_database_url)
+    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    with TestClient(app) as c:
+        yield c
+    store.close()
+
+
+@pytest.fixture
+def data(eft_home):
+    def write(name: str, lines: list) -> str:
+        path = eft_home / "data" / name
+        path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+        return name
+    return write
+
+
+def _problems(response) -> dict[str, str]:
+    assert response.status_code == 422, response.text
+    body = response.json()["error"]
+    assert body["type"] == "invalid_request_error" and body["code"] == "validation_failed"
+    assert response.headers["x-request-id"]
+    return {p["param"]: p["message"] for p in body["errors"]}
+
+
+def _nothing_stored(client) -> None:
+    assert client.get("/jobs").json()["data"] == []
+
+
+def test_minimal_request_creates_a_validating_job(client, data):
+    train = data("train.jsonl", [CHAT] * 3)
+    r = client.post("/jobs", json={"model": "tiny-llama", "training_file": train})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["status"] == "validating" and job["id"].startswith("ftjob-")
+    assert job["method"]["type"] == "lora" and job["strategy"] == "auto"
+    assert client.get(f"/jobs/{job['id']}").json()["id"] == job["id"]
+    assert [e["type"] for e in client.get(f"/jobs/{job['id']}/events").json()["data"]] == ["created"]
+
+
+def test_idempotency_key_returns_the_same_job(client, data):
+    body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT])}
+    first = client.post("/jobs", json=body, headers={"Idempotency-Key": "abc"})
+    second = client.post("/jobs", json=body, headers={"Idempotency-Key": "abc"})
+    assert (first.status_code, second.status_code) == (201, 200)
+    assert first.json()["id"] == second.json()["id"]
+    assert len(client.get("/jobs").json()["data"]) == 1
+
+
+def test_missing_dataset_and_unknown_model(client):
+    problems = _problems(client.post("/jobs", json={"model": "no-such-model", "training_file": "nope.jsonl"}))
+    assert "unknown model" in problems["model"] and "tiny-llama" in problems["model"]
+    assert "not a file under an allowed data root" in problems["training_file"]
+    _nothing_stored(client)
+
+
+def test_malformed_jsonl_reports_line_numbers(client, data):
+    train = data("bad.jsonl", [CHAT, "{oops", {"prompt": "p"}, {"messages": [{"role": "user", "content": "x"}]}])
+    problems = _problems(client.post("/jobs", json={"model": "tiny-llama", "training_file": train}))
+    assert any("line 2" in k and "not valid JSON" in v for k, v in problems.items())
+    assert any("line 3" in k and "completion" in k for k in problems)
+    assert any("line 4" in k and "no assistant message" in v for k, v in problems.items())
+    _nothing_stored(client)
+
+
+def test_unreadable_dataset(client, eft_home):
+    (eft_home / "data" / "bin.jsonl").write_bytes(b"\xff\xfe\x00garbage")
+    problems = _problems(client.post("/jobs", json={"model": "tiny-llama", "training_file": "bin.jsonl"}))
+    assert "UTF-8" in problems["training_file"]
+
+
+def test_path_outside_allowed_roots_is_refused(client, tmp_path):
+    outside = tmp_path / "secret.jsonl"
+    outside.write_text(json.dumps(CHAT) + "\n")
+    for path in (str(outside), "../../secret.jsonl", "/etc/passwd"):
+        problems = _problems(client.post("/jobs", json={"model": "tiny-llama", "training_file": path}))
+        assert "allowed data root" in problems["training_file"]
+    problems = _problems(client.post("/jobs", json={"model": "/etc", "training_file": "x.jsonl"}))
+    assert "model" in problems
+    _nothing_stored(client)
+
+
+def test_impossible_numbers_all_reported_together(client, data):
+    body = {
+        "model": "tiny-llama",
+        "training_file": data("t.jsonl", [CHAT]),
+        "hyperparameters": {"learning_rate": -1, "micro_batch_size": 64, "global_batch_size": 8},
+        "scaling": {"min_workers": 4, "max_workers": 2},
+        "method": {"type": "lora", "r": 0},
+    }
+    problems = _problems(client.post("/jobs", json=body))
+    assert "hyperparameters.learning_rate" in problems
+    assert "micro_batch_size must not exceed global_batch_size" in problems["hyperparameters"]
+    assert "min_workers (4) exceeds max_workers (2)" in problems["scaling"]
+    assert "method.lora.r" in problems
+    _nothing_stored(client)
+
+
+def test_schema_and_file_problems_come_in_one_response(client):
+    body = {"model": "tiny-llama", "training_file": "missing.jsonl", "hyperparameters": {"learning_rate": 0}}
+    problems = _problems(client.post("/jobs", json=body))
+    assert {"hyperparameters.learning_rate", "training_file"} <= set(problems)
+
+
+def test_unknown_field_is_named(client, data):
+    body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT]), "learning_rate": 0.1,
+            "hyperparameters": {"lr": 1}}
+    problems = _problems(client.post("/jobs", json=body))
+    assert "unknown field 'learning_rate'" in problems["learning_rate"]
+    assert "unknown field" in problems["hyperparameters.lr"]
+    _nothing_stored(client)
+
+
+def test_missing_required_fields_and_bad_json(client):
+    problems = _problems(client.post("/jobs", json={}))
+    assert set(problems) == {"model", "training_file"}
+    r = client.post("/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "not valid JSON" in r.json()["error"]["message"] + json.dumps(r.json())
+
+
+def test_unavailable_strategy_and_too_many_workers(client, data):
+    body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT]), "strategy": "zero3",
+            "scaling": {"min_workers": 16}, "hyperparameters": {"global_batch_size": 8, "micro_batch_size": 1}}
+    problems = _problems(client.post("/jobs", json=body))
+    assert "ddp" in problems["strategy"]
+    assert "max_workers" in problems["hyperparameters.global_batch_size"]
+
+
+def test_unknown_job_is_404_with_envelope(client):
+    r = client.get("/jobs/ftjob-nope")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "job_not_found" and r.json()["error"]["param"] == "job_id"
+
+
+def test_cancel_before_dispatch_and_twice(client, data):
+    job = client.post("/jobs", json={"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT])}).json()
+    r = client.post(f"/jobs/{job['id']}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    again = client.post(f"/jobs/{job['id']}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "job_already_finished"
+
+
+def test_health_and_openapi(client):
+    assert client.get("/healthz").json()["database"] is True
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/events",
+            "/jobs/{job_id}/metrics", "/healthz"} <= set(paths)

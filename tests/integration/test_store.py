@@ -1,0 +1,102 @@
+"""The job store over a real database (SQLite file and the local PostgreSQL)."""
+
+import pytest
+
+from api.models import JobStatus
+from service.errors import Conflict, JobNotFound
+from service.lifecycle import IllegalTransition
+from service.store import Store
+
+pytestmark = pytest.mark.integration
+REQUEST = {"model": "tiny-llama", "training_file": "demo/chat_train.jsonl"}
+
+
+@pytest.fixture
+def store(database_url):
+    s = Store(database_url)
+    yield s
+    s.close()
+
+
+def test_create_starts_validating_with_an_event(store):
+    job, created = store.create_job(tenant="t1", request=REQUEST, name="n")
+    assert created and job.status is JobStatus.validating and job.id.startswith("ftjob-")
+    events, _ = store.list_events(job.id)
+    assert [e.type for e in events] == ["created"]
+
+
+def test_transition_updates_fields_and_appends_event(store):
+    job, _ = store.create_job(tenant="t1", request=REQUEST)
+    store.transition(job.id, JobStatus.queued, "ok", total_steps=7, data={"n": 3})
+    job = store.transition(job.id, JobStatus.running, "go", attempt=1)
+    assert (job.status, job.attempt, job.total_steps) == (JobStatus.running, 1, 7)
+    done = store.transition(job.id, JobStatus.succeeded, "done", expected_attempt=1,
+                            artifact_path="/a", result_metrics={"eval_loss": 1.5})
+    assert done.finished_at is not None and done.result_metrics == {"eval_loss": 1.5}
+    events, _ = store.list_events(job.id)
+    assert [e.type for e in events] == ["created", "queued", "dispatched", "succeeded"]
+    assert events[1].data == {"n": 3} and events[2].attempt == 1
+
+
+def test_forbidden_transition_changes_nothing(store):
+    job, _ = store.create_job(tenant="t1", request=REQUEST)
+    with pytest.raises(IllegalTransition):
+        store.transition(job.id, JobStatus.succeeded)
+    assert store.get_job(job.id).status is JobStatus.validating
+    assert len(store.list_events(job.id)[0]) == 1
+
+
+def test_stale_attempt_is_fenced_off(store):
+    job, _ = store.create_job(tenant="t1", request=REQUEST)
+    store.transition(job.id, JobStatus.queued)
+    store.transition(job.id, JobStatus.running, attempt=2)
+    with pytest.raises(Conflict):
+        store.transition(job.id, JobStatus.failed, "old driver", expected_attempt=1)
+    assert not store.update_job(job.id, attempt=1, step=99)
+    assert store.get_job(job.id).step == 0
+
+
+def test_tenants_do_not_see_each_other(store):
+    job, _ = store.create_job(tenant="t1", request=REQUEST)
+    with pytest.raises(JobNotFound):
+        store.get_job(job.id, tenant="t2")
+    assert store.list_jobs(tenant="t2")[0] == []
+
+
+def test_idempotency_key_returns_the_first_job(store):
+    first, created = store.create_job(tenant="t1", request=REQUEST, idempotency_key="k")
+    again, created_again = store.create_job(tenant="t1", request=REQUEST, idempotency_key="k")
+    assert created and not created_again and again.id == first.id
+    other, created_other = store.create_job(tenant="t2", request=REQUEST, idempotency_key="k")
+    assert created_other and other.id != first.id
+
+
+def test_cursor_pagination_newest_first(store):
+    ids = [store.create_job(tenant="t", request=REQUEST)[0].id for _ in range(5)]
+    page1, more1 = store.list_jobs(tenant="t", limit=2)
+    page2, more2 = store.list_jobs(tenant="t", limit=2, after=page1[-1].id)
+    page3, more3 = store.list_jobs(tenant="t", limit=2, after=page2[-1].id)
+    assert [j.id for j in page1 + page2 + page3] == ids[::-1]
+    assert (more1, more2, more3) == (True, True, False)
+
+
+def test_metrics_keep_the_latest_report_per_step(store):
+    job, _ = store.create_job(tenant="t", request=REQUEST)
+    store.record_metrics(job.id, 1, 1, {"loss": 3.0})
+    store.record_metrics(job.id, 1, 2, {"loss": 2.0})
+    store.record_metrics(job.id, 2, 2, {"loss": 2.5})  # attempt 2 re-ran step 2
+    assert [(m["step"], m["values"]["loss"]) for m in store.list_metrics(job.id)] == [(1, 3.0), (2, 2.5)]
+
+
+def test_store_survives_restart_with_jobs_and_events(database_url):
+    first = Store(database_url)
+    job, _ = first.create_job(tenant="t", request=REQUEST, name="keep me")
+    first.transition(job.id, JobStatus.queued, "validated", data={"train_examples": 10})
+    first.record_metrics(job.id, 0, 1, {"loss": 1.0})
+    first.close()
+    second = Store(database_url)  # a restarted service: new engine, schema already there
+    again = second.get_job(job.id)
+    assert (again.name, again.status, again.request) == ("keep me", JobStatus.queued, REQUEST)
+    assert [e.type for e in second.list_events(job.id)[0]] == ["created", "queued"]
+    assert second.list_metrics(job.id)[0]["values"] == {"loss": 1.0}
+    second.close()

@@ -1,0 +1,59 @@
+"""Every allowed and every forbidden status edge of the job lifecycle."""
+
+import itertools
+
+import pytest
+
+from api.models import JobStatus
+from service import lifecycle
+from service.lifecycle import IllegalTransition, plan_transition
+
+S = JobStatus
+EXPECTED_EDGES = {
+    (S.validating, S.queued), (S.validating, S.failed), (S.validating, S.cancelled),
+    (S.queued, S.running), (S.queued, S.failed), (S.queued, S.cancelled),
+    (S.running, S.queued), (S.running, S.succeeded), (S.running, S.failed),
+    (S.running, S.cancelling), (S.running, S.cancelled),
+    (S.cancelling, S.cancelled), (S.cancelling, S.succeeded), (S.cancelling, S.failed),
+}
+ALL_PAIRS = list(itertools.product(JobStatus, JobStatus))
+
+
+def test_every_status_has_rules():
+    assert set(lifecycle.ALLOWED) == set(JobStatus)
+    assert set(lifecycle.EVENT_FOR) == set(JobStatus)
+
+
+@pytest.mark.parametrize("current,target", sorted(EXPECTED_EDGES, key=str))
+def test_allowed_edge_plans_an_event(current, target):
+    change = plan_transition(current, target, "because")
+    assert (change.current, change.target) == (current, target)
+    assert change.event_type == lifecycle.EVENT_FOR[target]
+    assert change.message == "because"
+    assert change.level == ("error" if target is S.failed else "info")
+
+
+@pytest.mark.parametrize(
+    "current,target", [p for p in ALL_PAIRS if p not in EXPECTED_EDGES], ids=str
+)
+def test_forbidden_edge_raises(current, target):
+    with pytest.raises(IllegalTransition) as info:
+        plan_transition(current, target)
+    assert info.value.current is current and info.value.target is target
+    assert current.value in str(info.value) and target.value in str(info.value)
+
+
+def test_terminal_statuses_have_no_way_out():
+    assert lifecycle.TERMINAL == {S.succeeded, S.failed, S.cancelled}
+    assert all(s.is_terminal for s in lifecycle.TERMINAL)
+    assert not any(s.is_terminal for s in set(JobStatus) - lifecycle.TERMINAL)
+
+
+def test_sources_of_matches_edges():
+    for target in JobStatus:
+        assert lifecycle.sources_of(target) == {c for c, t in EXPECTED_EDGES if t is target}
+
+
+def test_event_type_and_data_can_be_overridden():
+    change = plan_transition(S.running, S.queued, "node lost", event_type="requeued", data={"x": 1})
+    assert change.event_type == "requeued" and change.data == {"x": 1}
