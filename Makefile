@@ -25,7 +25,7 @@ $(MODEL): $(STAMP) training/tiny.py
 	$(PY) -m training.tiny --out assets
 
 demo: setup
-	$(PY) -m eft.demo
+	$(PY) examples/demo.py
 
 test: setup
 	$(PY) -m pytest tests

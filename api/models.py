@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class _Request(BaseModel):
@@ -90,14 +90,18 @@ class Hyperparameters(_Request):
     seed: int = Field(42, ge=0, le=2**31 - 1)
     log_every_steps: int = Field(1, ge=1, description="Report metrics every this many steps.")
 
-    @model_validator(mode="after")
-    def _check(self) -> Hyperparameters:
-        if self.micro_batch_size > self.global_batch_size:
+    # Field validators (not a model validator) so these run, and are reported, even when
+    # other fields of the same object are invalid.
+    @field_validator("micro_batch_size")
+    @classmethod
+    def _micro_within_global(cls, value: int, info: ValidationInfo) -> int:
+        global_batch = info.data.get("global_batch_size")
+        if global_batch is not None and value > global_batch:
             raise ValueError(
-                "micro_batch_size must not exceed global_batch_size: lower micro_batch_size "
-                f"to at most {self.global_batch_size} or raise global_batch_size"
+                f"micro_batch_size ({value}) must not exceed global_batch_size ({global_batch}): "
+                "lower micro_batch_size or raise global_batch_size"
             )
-        return self
+        return value
 
 
 class Scaling(_Request):
@@ -108,14 +112,16 @@ class Scaling(_Request):
     use_gpu: bool = Field(False, description="One GPU per worker when true.")
     cpus_per_worker: float = Field(1.0, gt=0, le=512)
 
-    @model_validator(mode="after")
-    def _check(self) -> Scaling:
-        if self.max_workers is not None and self.min_workers > self.max_workers:
+    @field_validator("max_workers")
+    @classmethod
+    def _max_not_below_min(cls, value: int | None, info: ValidationInfo) -> int | None:
+        low = info.data.get("min_workers")
+        if value is not None and low is not None and low > value:
             raise ValueError(
-                f"min_workers ({self.min_workers}) exceeds max_workers ({self.max_workers}): "
+                f"min_workers ({low}) exceeds max_workers ({value}): "
                 "lower min_workers or raise max_workers"
             )
-        return self
+        return value
 
     @property
     def resolved_max_workers(self) -> int:

@@ -380,7 +380,8 @@ class Store:
             )
 
     def list_metrics(self, job_id: str) -> list[dict[str, Any]]:
-        """Returns metric rows oldest first; a step reported by several attempts keeps the last."""
+        """Returns one row per step, oldest first. Reports of one step are merged, later ones
+        winning, so a step re-run by a later attempt shows that attempt's values."""
         query = (
             job_metrics.select()
             .where(job_metrics.c.job_id == job_id)
@@ -390,7 +391,8 @@ class Store:
             rows = conn.execute(query).all()
         by_step: dict[int, dict[str, Any]] = {}
         for r in rows:
-            by_step[r.step] = {"step": r.step, "created_at": _aware(r.created_at), "values": r.values}
+            merged = {**by_step.get(r.step, {}).get("values", {}), **r.values}
+            by_step[r.step] = {"step": r.step, "created_at": _aware(r.created_at), "values": merged}
         return [by_step[s] for s in sorted(by_step)]
 
     def record_checkpoint(

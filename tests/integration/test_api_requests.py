@@ -110,8 +110,8 @@ def test_impossible_numbers_all_reported_together(client, data):
     }
     problems = _problems(client.post("/jobs", json=body))
     assert "hyperparameters.learning_rate" in problems
-    assert "micro_batch_size must not exceed global_batch_size" in problems["hyperparameters"]
-    assert "min_workers (4) exceeds max_workers (2)" in problems["scaling"]
+    assert "must not exceed global_batch_size (8)" in problems["hyperparameters.micro_batch_size"]
+    assert "min_workers (4) exceeds max_workers (2)" in problems["scaling.max_workers"]
     assert "method.lora.r" in problems
     _nothing_stored(client)
 

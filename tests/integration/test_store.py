@@ -80,12 +80,15 @@ def test_cursor_pagination_newest_first(store):
     assert (more1, more2, more3) == (True, True, False)
 
 
-def test_metrics_keep_the_latest_report_per_step(store):
+def test_metrics_merge_reports_of_a_step_latest_winning(store):
     job, _ = store.create_job(tenant="t", request=REQUEST)
     store.record_metrics(job.id, 1, 1, {"loss": 3.0})
     store.record_metrics(job.id, 1, 2, {"loss": 2.0})
     store.record_metrics(job.id, 2, 2, {"loss": 2.5})  # attempt 2 re-ran step 2
-    assert [(m["step"], m["values"]["loss"]) for m in store.list_metrics(job.id)] == [(1, 3.0), (2, 2.5)]
+    store.record_metrics(job.id, 2, 2, {"eval_loss": 1.0})  # and evaluated after it
+    rows = store.list_metrics(job.id)
+    assert [(m["step"], m["values"]["loss"]) for m in rows] == [(1, 3.0), (2, 2.5)]
+    assert rows[1]["values"] == {"loss": 2.5, "eval_loss": 1.0}
 
 
 def test_store_survives_restart_with_jobs_and_events(database_url):
