@@ -25,6 +25,7 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 #: Strategies this build can run; the rest are refused with a pointer to one that works.
 AVAILABLE_STRATEGIES = ("auto", "ddp")
+AVAILABLE_METHODS = ("lora", "full")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ def check_request(req: JobCreate, settings: Settings) -> ResolvedInputs:
         problems.append(Problem("strategy", "strategy_unavailable",
                                 f"strategy {req.strategy!r} is not available in this build: use "
                                 f"one of {', '.join(AVAILABLE_STRATEGIES)}"))
+    if req.method.type not in AVAILABLE_METHODS:
+        problems.append(Problem("method.type", "method_unavailable",
+                                f"method {req.method.type!r} is not available in this build: use "
+                                f"one of {', '.join(AVAILABLE_METHODS)}"))
     max_workers = req.scaling.resolved_max_workers
     if req.hyperparameters.global_batch_size < max_workers:
         problems.append(Problem("hyperparameters.global_batch_size", "batch_smaller_than_workers",
