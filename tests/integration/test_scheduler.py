@@ -1,0 +1,153 @@
+"""The scheduler over a real store, with a small launcher and validator passed in (Ray's side is
+covered by the e2e tests): limits, exactly-once claims, dispatch failures, reconciliation."""
+
+import threading
+
+import pytest
+
+from api.models import JobStatus
+from service.launcher import RayJobState, submission_id_for
+from service.scheduler import Scheduler
+from service.settings import Settings
+from service.store import Store
+from training.config import TrainConfig
+
+pytestmark = pytest.mark.integration
+REQUEST = {"model": "tiny-llama", "training_file": "t.jsonl"}
+
+
+class RecordingLauncher:
+    def __init__(self, fail: bool = False):
+        self.submitted: list[str] = []
+        self.stopped: list[str] = []
+        self.states: dict[str, str] = {}
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def submit(self, job_id, attempt, name):
+        if self.fail:
+            raise ConnectionError("dashboard unreachable")
+        sid = submission_id_for(job_id, attempt)
+        with self.lock:
+            self.submitted.append(sid)
+        self.states[sid] = RayJobState.RUNNING
+        return sid
+
+    def state(self, submission_id):
+        return self.states.get(submission_id, RayJobState.MISSING)
+
+    def stop(self, submission_id):
+        self.stopped.append(submission_id)
+        self.states[submission_id] = RayJobState.STOPPED
+
+    def logs(self, submission_id):
+        return "driver log tail"
+
+
+def validate_ok(job_id, request, settings):
+    cfg = TrainConfig(job_id=job_id, model_path="m", training_file="t", validation_file=None,
+                      method="lora", lora=None, total_steps=5, num_train_examples=10)
+    return cfg, {"train_examples": 10}
+
+
+@pytest.fixture
+def store(database_url):
+    s = Store(database_url)
+    yield s
+    s.close()
+
+
+def _scheduler(store, launcher, **settings):
+    return Scheduler(store, launcher, Settings(**settings), validate_ok)
+
+
+def _queued(store, tenant="t", n=1):
+    jobs = [store.create_job(tenant=tenant, request=REQUEST)[0] for _ in range(n)]
+    return jobs
+
+
+def test_validation_then_dispatch(store):
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    _scheduler(store, launcher).tick()
+    after = store.get_job(job.id)
+    assert after.status is JobStatus.running and after.attempt == 1
+    assert after.config["total_steps"] == 5 and after.total_steps == 5
+    assert after.submission_id == launcher.submitted[0] == f"{job.id}-attempt-1"
+    assert [e.type for e in store.list_events(job.id)[0]] == ["created", "queued", "dispatched", "submitted"]
+
+
+def test_cluster_and_tenant_limits(store):
+    launcher = RecordingLauncher()
+    _queued(store, "a", 3)
+    _queued(store, "b", 2)
+    _scheduler(store, launcher, max_running_jobs=3, max_running_jobs_per_tenant=2).tick()
+    running, _ = store.list_jobs(statuses=[JobStatus.running])
+    assert len(running) == 3
+    assert sorted(j.tenant for j in running) == ["a", "a", "b"]
+
+
+def test_two_replicas_never_dispatch_one_job_twice(store):
+    launcher = RecordingLauncher()
+    jobs = _queued(store, "t", 6)
+    first = _scheduler(store, launcher, max_running_jobs=100, max_running_jobs_per_tenant=100)
+    first.validate_pending()
+    replicas = [_scheduler(store, launcher, max_running_jobs=100, max_running_jobs_per_tenant=100)
+                for _ in range(4)]
+    threads = [threading.Thread(target=r.dispatch_queued) for r in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(launcher.submitted) == sorted(f"{j.id}-attempt-1" for j in jobs)
+    assert all(store.get_job(j.id).attempt == 1 for j in jobs)
+
+
+def test_dispatch_failure_requeues_then_fails(store):
+    launcher = RecordingLauncher(fail=True)
+    job, = _queued(store)
+    scheduler = _scheduler(store, launcher)
+    for _ in range(3):
+        scheduler.tick()
+    failed = store.get_job(job.id)
+    assert failed.status is JobStatus.failed and failed.attempt == 3
+    assert failed.error_code == "platform_error.dispatch_failed"
+    assert [e.type for e in store.list_events(job.id)[0]].count("dispatch_failed") == 2
+
+
+def test_vanished_ray_job_fails_the_job_with_a_platform_error(store):
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    scheduler = _scheduler(store, launcher)
+    scheduler.tick()
+    launcher.states.clear()  # the head restarted and forgot the Ray Job
+    scheduler.tick()
+    failed = store.get_job(job.id)
+    assert failed.status is JobStatus.failed
+    assert failed.error_code == "platform_error.driver_exited" and "driver log tail" in failed.error_message
+
+
+def test_cancelling_job_is_stopped_and_settled(store):
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    scheduler = _scheduler(store, launcher)
+    scheduler.tick()
+    store.transition(job.id, JobStatus.cancelling, "cancel requested")
+    scheduler.tick()
+    assert launcher.stopped == [f"{job.id}-attempt-1"]
+    assert store.get_job(job.id).status is JobStatus.cancelled
+
+
+def test_user_error_in_validation_fails_without_dispatch(store):
+    from training.errors import TrainingUserError
+
+    def validate_bad(job_id, request, settings):
+        raise TrainingUserError("user_error.invalid_data", "t.jsonl line 3: record: too long", "training_file")
+
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    Scheduler(store, launcher, Settings(), validate_bad).tick()
+    failed = store.get_job(job.id)
+    assert (failed.status, failed.error_code, failed.error_param) == (
+        JobStatus.failed, "user_error.invalid_data", "training_file")
+    assert launcher.submitted == []
