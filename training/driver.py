@@ -27,13 +27,15 @@ from training import artifacts
 from training.config import TrainConfig
 from training.errors import find_user_error
 from training.loop import train_loop_per_worker
+from training.progress import ProgressSink
 
 log = logging.getLogger("eft.driver")
 
 
-class StoreProgress(ray.train.UserCallback):
-    """Forwards every report to the job store. Runs in the Train controller, so the store is
-    opened lazily there rather than pickled."""
+class StoreCheckpoints(ray.train.UserCallback):
+    """Records every checkpoint Ray Train has persisted. Runs in the Train controller, so the
+    store is opened lazily there rather than pickled. (Per-step metrics take another path:
+    training/progress.py.)"""
 
     def __init__(self, database_url: str, job_id: str, attempt: int):
         self.database_url, self.job_id, self.attempt = database_url, job_id, attempt
@@ -51,11 +53,6 @@ class StoreProgress(ray.train.UserCallback):
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:  # noqa: ANN001
         values = {k: float(v) for k, v in metrics[0].items() if isinstance(v, (int, float))}
         step = int(values.get("step", 0))
-        self.store.update_job(
-            self.job_id, attempt=self.attempt, step=step, num_workers=len(metrics)
-        )
-        if "loss" in values or "eval_loss" in values:
-            self.store.record_metrics(self.job_id, self.attempt, step, values)
         if checkpoint is not None:
             self.store.record_checkpoint(self.job_id, self.attempt, step, checkpoint.path, values)
             self.store.append_event(
@@ -64,13 +61,13 @@ class StoreProgress(ray.train.UserCallback):
             )
 
 
-def build_trainer(cfg: TrainConfig, callback: StoreProgress) -> TorchTrainer:
+def build_trainer(cfg: TrainConfig, callback: StoreCheckpoints, sink: Any) -> TorchTrainer:
     workers: int | tuple[int, int] = (
         cfg.min_workers if cfg.min_workers == cfg.max_workers else (cfg.min_workers, cfg.max_workers)
     )
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=cfg.to_dict(),
+        train_loop_config={"train": cfg.to_dict(), "progress": sink},
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=cfg.use_gpu,
@@ -116,7 +113,8 @@ def run(job_id: str, attempt: int) -> int:
         job_id, "training_started", f"attempt {attempt} starting with {cfg.min_workers}-{cfg.max_workers} workers",
         data={"min_workers": cfg.min_workers, "max_workers": cfg.max_workers}, attempt=attempt,
     )
-    trainer = build_trainer(cfg, StoreProgress(settings.resolved_database_url, job_id, attempt))
+    sink = ProgressSink.remote(settings.resolved_database_url, job_id, attempt)
+    trainer = build_trainer(cfg, StoreCheckpoints(settings.resolved_database_url, job_id, attempt), sink)
     try:
         result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - every failure becomes data on the job

@@ -82,8 +82,8 @@ class Window:
 
 
 class Recipe:
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: TrainConfig, sink: Any = None):
+        self.cfg, self.sink = cfg, sink
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -206,6 +206,14 @@ class Recipe:
                 self.tokenizer.save_pretrained(directory / "adapter")
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
+    def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
+        """Rank 0 sends a step's metrics to the progress sink without waiting, unless `wait`."""
+        if self.rank != 0 or self.sink is None:
+            return
+        ref = self.sink.record.remote(self.step, metrics)
+        if wait:
+            ray.get(ref)
+
     def train(self) -> None:
         cfg = self.cfg
         window = Window()
@@ -214,9 +222,14 @@ class Recipe:
             grad_norm = self.train_step(window)
             at_log = self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps
             at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and self.step < cfg.total_steps
-            if at_log or at_ckpt:
-                self._report(self._window_metrics(window, grad_norm), with_checkpoint=at_ckpt)
-                window = Window()
+            if not (at_log or at_ckpt):
+                continue
+            # Decided by step count, so every rank joins the same collectives and reports.
+            metrics = self._window_metrics(window, grad_norm)
+            window = Window()
+            self._publish(metrics)
+            if at_ckpt:
+                self._report(metrics, with_checkpoint=True)
 
     # --- finish --------------------------------------------------------------------------
 
@@ -242,14 +255,17 @@ class Recipe:
         eval_loss = self.evaluate()
         if eval_loss is not None:
             metrics["eval_loss"] = eval_loss
+        # Waiting on the last call means every earlier metric has landed too.
+        self._publish(metrics, wait=True)
         self._report(metrics, with_checkpoint=True, final=True)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Entry point of every Ray Train worker."""
-    cfg = TrainConfig.from_dict(config)
+    """Entry point of every Ray Train worker: `config` holds the TrainConfig as a dict under
+    "train" and, optionally, a ProgressSink actor handle under "progress"."""
+    cfg = TrainConfig.from_dict(config["train"])
     torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
-    recipe = Recipe(cfg)
+    recipe = Recipe(cfg, config.get("progress"))
     recipe.setup()
     recipe.train()
     recipe.finish()

@@ -1,0 +1,35 @@
+"""Per-step progress from rank 0 to the job store, off the training path.
+
+`ray.train.report` is a barrier whose result the Train controller consumes on its poll
+interval (seconds), so reporting every step would pace training by the controller. Metrics go
+instead, fire-and-forget, to this small actor created by the driver; reports are kept for
+checkpoints. Calls from one caller run in order, so rank 0 waits on its last call to be sure
+every earlier one landed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from service.store import Store
+
+
+@ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)
+class ProgressSink:
+    def __init__(self, database_url: str, job_id: str, attempt: int):
+        self.store = Store(database_url)
+        self.job_id, self.attempt = job_id, attempt
+
+    def record(self, step: int, values: dict[str, Any]) -> int:
+        """Store one step's metrics and move the job's step counter. Returns the step."""
+        numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
+        num_workers = int(numbers["world_size"]) if "world_size" in numbers else None
+        fresh = self.store.update_job(
+            self.job_id, attempt=self.attempt, step=step,
+            **({"num_workers": num_workers} if num_workers else {}),
+        )
+        if fresh:  # a stale attempt's late metrics are dropped
+            self.store.record_metrics(self.job_id, self.attempt, step, numbers)
+        return step
