@@ -103,7 +103,7 @@ def test_jobs_create_invalid_request_is_a_usage_error(serve):
     result = invoke("jobs", "create", "--model", "m", "--training-file", "t.jsonl",
                     "--micro-batch-size", "16", "--global-batch-size", "8")
     assert result.exit_code == 2
-    assert "micro_batch_size must not exceed global_batch_size" in result.output
+    assert "must not exceed global_batch_size (8)" in result.output
     assert server.requests == []
 
 
