@@ -210,7 +210,7 @@ def down(as_json: AsJson = False) -> None:
         return _emit_json(info)
     out.print(_table("", "", rows=[
         ("service", "stopped" if info["stopped_service"] else "was not running"),
-        ("ray", "stopped" if info["stopped_ray"] else "left running"),
+        ("ray", "stopped" if info["stopped_ray"] else "not started by eft up: left as is"),
     ]))
 
 

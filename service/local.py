@@ -22,6 +22,8 @@ from service.settings import Settings, get_settings
 
 APP_NAME = "eft"
 RAY_DASHBOARD_PORT = 8265
+# Not Ray's default 6379: that is Redis's port, and machines with Redis often run it there.
+RAY_GCS_PORT = 6380
 
 
 def _state_file(settings: Settings) -> Path:
@@ -34,18 +36,29 @@ def _ray_cli() -> str:
 
 
 def ray_is_running() -> bool:
-    result = subprocess.run([_ray_cli(), "status"], capture_output=True, text=True, timeout=60)
-    return result.returncode == 0
+    """Whether a Ray cluster is reachable at `address="auto"` (connecting also picks up the
+    cluster's auth token, which `ray status` does not)."""
+    import ray
+
+    if ray.is_initialized():
+        return True
+    try:
+        ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, RuntimeError):
+        return False
+    return True
 
 
 def start_ray_head(num_cpus: int | None) -> None:
     """Start a local Ray head with its dashboard (the Ray Jobs API needs it)."""
-    cmd = [_ray_cli(), "start", "--head", "--dashboard-host=127.0.0.1",
+    cmd = [_ray_cli(), "start", "--head", f"--port={RAY_GCS_PORT}", "--dashboard-host=127.0.0.1",
            f"--dashboard-port={RAY_DASHBOARD_PORT}", "--disable-usage-stats"]
     if num_cpus:
         # More logical CPUs than cores lets several small workers share one machine.
         cmd.append(f"--num-cpus={num_cpus}")
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=180)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    if result.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
 
 
 def _service_env(settings: Settings) -> dict[str, str]:
@@ -123,7 +136,6 @@ def down() -> dict[str, bool]:
         import ray
         from ray import serve
 
-        ray.init(address="auto", ignore_reinit_error=True, log_to_driver=False)
         serve.shutdown()
         ray.shutdown()
         stopped_service = True
