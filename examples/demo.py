@@ -105,18 +105,26 @@ def compare(adapter_dir: str) -> dict[str, float]:
             out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
 
-    base = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
-    prompt = [m for m in rows[0]["messages"] if m["role"] != "assistant"][:2]
-    before, base_text = loss(base), generate(base, prompt)
-    tuned = PeftModel.from_pretrained(base, adapter_dir)
-    after, tuned_text = loss(tuned), generate(tuned, prompt)
+    def first_turn(row) -> tuple[list[dict[str, str]], str]:
+        messages = row["messages"]
+        reply = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        return messages[:reply], messages[reply]["content"]
 
-    table = Table(title=f"validation set: {len(rows)} held-out conversations")
-    table.add_column("model")
-    table.add_column("validation loss", justify="right")
-    table.add_column(f"reply to: {prompt[-1]['content']!r}")
-    table.add_row("base", f"{before:.3f}", base_text)
-    table.add_row("base + adapter", f"{after:.3f}", tuned_text)
+    samples = [first_turn(row) for row in rows[:3]]
+    base = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
+    before = loss(base)
+    base_replies = [generate(base, prompt) for prompt, _ in samples]
+    tuned = PeftModel.from_pretrained(base, adapter_dir)
+    after = loss(tuned)
+    tuned_replies = [generate(tuned, prompt) for prompt, _ in samples]
+
+    console.print(f"validation loss on {len(rows)} held-out conversations (assistant tokens): "
+                  f"base {before:.3f}, base + adapter {after:.3f}")
+    table = Table(title="sample replies to held-out prompts (greedy)")
+    for column in ("prompt", "reference", "base", "base + adapter"):
+        table.add_column(column)
+    for (prompt, reference), b, t in zip(samples, base_replies, tuned_replies):
+        table.add_row(prompt[-1]["content"], reference, b, t)
     console.print(table)
     return {"before": before, "after": after}
 
