@@ -12,7 +12,6 @@ gradient of the whole batch.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import tempfile
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ from training.config import TrainConfig
 from training.data import DataError, Example, collate, global_batch_indices, load_examples, shard_for_rank
 from training.errors import TrainingUserError
 from training.model import load_trainable_model
+from training.strategies import build_strategy
 
 
 def lr_lambda(cfg: TrainConfig):
@@ -56,10 +57,6 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor)
     return tensor.tolist()
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -108,60 +105,54 @@ class Recipe:
         except DataError as exc:
             param = "validation_file" if exc.path == cfg.validation_file else "training_file"
             raise TrainingUserError("user_error.invalid_data", str(exc), param) from None
-        model = load_trainable_model(cfg)
-        self.model = ray.train.torch.prepare_model(model)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.strategy = build_strategy(cfg)
+        self.strategy.prepare(load_trainable_model(cfg))
+        self.lr_factor = lr_lambda(cfg)
         self.step = 0
         resume_from = ray.train.get_checkpoint()
         if resume_from is not None:
             with resume_from.as_directory() as directory:
-                self.step = checkpoint.restore(
-                    Path(directory), model=_unwrap(self.model), optimizer=self.optimizer,
-                    scheduler=self.scheduler,
-                )
+                self.step = checkpoint.restore(Path(directory), self.strategy, self.rank)
 
     # --- train ---------------------------------------------------------------------------
 
     def _micro_batches(self, step: int) -> tuple[list[list[Example]], float]:
-        """This rank's micro-batches for `step`, and the global batch's target-token count."""
+        """This rank's micro-batches for `step`, and the global batch's target-token count.
+
+        Every rank gets the same number of micro-batches (sharded strategies run collectives
+        in each forward and backward); a rank with too few examples gets empty ones, which
+        `train_step` runs as zero-weight passes.
+        """
         cfg = self.cfg
         n = len(self.train_examples)
         indices = global_batch_indices(n, cfg.seed, step, cfg.global_batch_size)
         global_tokens = sum(self.train_examples[i].loss_tokens for i in indices)
         mine = [self.train_examples[i] for i in shard_for_rank(indices, self.rank, self.world_size)]
-        size = cfg.micro_batch_size
-        return [mine[i : i + size] for i in range(0, len(mine), size)], float(global_tokens)
+        largest_share = -(-cfg.global_batch_size // self.world_size)
+        count = -(-largest_share // cfg.micro_batch_size)
+        return [list(part) for part in np.array_split(np.asarray(mine, dtype=object), count)], float(global_tokens)
 
     def train_step(self, window: Window) -> float | None:
         """One optimizer step over the global batch. Returns the gradient norm if clipped."""
         micro_batches, global_tokens = self._micro_batches(self.step)
-        # DDP averages gradients over ranks; scale back so the result is the global token mean.
+        # Gradient reduction averages over ranks; scale back so the result is the global mean.
         scale = self.world_size / global_tokens
+        strategy = self.strategy
         for i, examples in enumerate(micro_batches):
-            batch = {k: v.to(self.device) for k, v in collate(examples, self.pad_id).items()}
-            last = i == len(micro_batches) - 1
-            sync = contextlib.nullcontext() if last or self.world_size == 1 else self.model.no_sync()
-            with sync:
-                loss_sum = token_loss_sum(self.model, batch)
-                (loss_sum * scale).backward()
+            weight = 1.0 if examples else 0.0
+            # An empty share still joins the collectives, with a zero-weight pass.
+            batch = {k: v.to(self.device) for k, v in
+                     collate(examples or self.train_examples[:1], self.pad_id).items()}
+            with strategy.accumulate(last=i == len(micro_batches) - 1):
+                loss_sum = token_loss_sum(strategy.model, batch) * weight
+                strategy.backward(loss_sum * scale)
             window.loss_sum += loss_sum.detach()
-            window.input_tokens += int(batch["attention_mask"].sum())
+            window.input_tokens += int(batch["attention_mask"].sum()) * weight
         window.target_tokens += global_tokens / self.world_size
-        grad_norm = None
-        if self.cfg.max_grad_norm:
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.model.parameters() if p.requires_grad], self.cfg.max_grad_norm
-            )
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = strategy.step(self.cfg.learning_rate * self.lr_factor(self.step))
         self.step += 1
         window.steps += 1
-        return float(grad_norm) if grad_norm is not None else None
+        return grad_norm
 
     def _window_metrics(self, window: Window, grad_norm: float | None) -> dict[str, float]:
         loss_sum, input_tokens = _all_reduce_sum(
@@ -179,7 +170,7 @@ class Recipe:
         metrics = {
             "step": self.step,
             "loss": loss,
-            "learning_rate": self.optimizer.param_groups[0]["lr"],
+            "learning_rate": self.cfg.learning_rate * self.lr_factor(self.step - 1),
             "tokens_per_s": input_tokens / elapsed,
             "step_time_s": elapsed / max(1, window.steps),
             "epoch": self.step * self.cfg.global_batch_size / len(self.train_examples),
@@ -190,19 +181,17 @@ class Recipe:
         return metrics
 
     def _report(self, metrics: dict[str, float], with_checkpoint: bool, final: bool = False) -> None:
-        """Every rank reports at the same cadence (a barrier); rank 0 carries the checkpoint."""
-        if not (with_checkpoint and self.rank == 0):
+        """Every rank reports at the same cadence (a barrier). With a checkpoint, every rank
+        writes its part (Ray merges them into one directory); rank 0 adds the adapter on the
+        final one."""
+        if not with_checkpoint:
             ray.train.report(metrics)
             return
         with tempfile.TemporaryDirectory(prefix="eft-ckpt-") as tmp:
             directory = Path(tmp)
-            model = _unwrap(self.model)
-            checkpoint.save(
-                directory, model=model, optimizer=self.optimizer, scheduler=self.scheduler,
-                step=self.step, metrics=metrics,
-            )
-            if final:
-                model.save_pretrained(directory / "adapter")
+            trainable = checkpoint.save(directory, self.strategy, self.rank, self.step, metrics)
+            if final and self.rank == 0:
+                self.strategy.module.save_pretrained(directory / "adapter", state_dict=trainable)
                 self.tokenizer.save_pretrained(directory / "adapter")
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
@@ -217,7 +206,7 @@ class Recipe:
     def train(self) -> None:
         cfg = self.cfg
         window = Window()
-        self.model.train()
+        self.strategy.model.train()
         while self.step < cfg.total_steps:
             grad_norm = self.train_step(window)
             at_log = self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps
@@ -238,16 +227,25 @@ class Recipe:
         """Mean target-token loss over the validation set, sharded over ranks."""
         if not self.valid_examples:
             return None
-        self.model.eval()
-        mine = self.valid_examples[self.rank :: self.world_size]
+        model = self.strategy.model
+        model.eval()
+        size = self.cfg.micro_batch_size
+        chunk = size * self.world_size
         loss_sum, tokens = 0.0, 0.0
-        for i in range(0, len(mine), self.cfg.micro_batch_size):
-            examples = mine[i : i + self.cfg.micro_batch_size]
-            batch = {k: v.to(self.device) for k, v in collate(examples, self.pad_id).items()}
-            loss_sum += float(token_loss_sum(_unwrap(self.model), batch))
-            tokens += sum(e.loss_tokens for e in examples)
+        # Equal pass counts on every rank (sharded strategies need them); empty shares
+        # run a zero-weight pass.
+        for start in range(0, len(self.valid_examples), chunk):
+            part = self.valid_examples[start : start + chunk]
+            examples = [part[i] for i in shard_for_rank(list(range(len(part))), self.rank, self.world_size)]
+            batch = {k: v.to(self.device) for k, v in
+                     collate(examples or part[:1], self.pad_id).items()}
+            if examples:
+                loss_sum += float(token_loss_sum(model, batch))
+                tokens += sum(e.loss_tokens for e in examples)
+            else:
+                token_loss_sum(model, batch)
         loss_sum, tokens = _all_reduce_sum([loss_sum, tokens], self.device)
-        self.model.train()
+        model.train()
         return loss_sum / max(1.0, tokens)
 
     def finish(self) -> None:
