@@ -24,7 +24,7 @@ from training.formats import scan_jsonl
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 #: Strategies this build can run; the rest are refused with a pointer to one that works.
-AVAILABLE_STRATEGIES = ("auto", "ddp", "fsdp")
+AVAILABLE_STRATEGIES = ("auto", "ddp", "fsdp", "zero1", "zero2", "zero3")
 AVAILABLE_METHODS = ("lora", "full")
 
 

@@ -2,10 +2,14 @@
 after N steps under FSDP2 agree with DDP's, and the loss falls under each. Real Ray Train
 workers (2, gloo on CPU), the bundled tiny Llama, fp32.
 
-Tolerance: fp32 on CPU differs between strategies only in the order of floating-point
-reductions (all-reduce vs reduce-scatter, sharded vs whole-tensor AdamW updates): relative
-differences of ~1e-6 per step, compounded by Adam's normalisation over a few steps, stay well
-under 1e-4 relative; a wrong scaling or a skipped micro-batch shows up as >1e-2.
+Tolerance: in fp32 on CPU the strategies differ only in the order of floating-point
+reductions (all-reduce vs reduce-scatter vs ZeRO's bucketed reduce), ~1e-7 relative per
+gradient. Adam divides each gradient by its running RMS, so for an element whose gradient is
+near zero that round-off can move the update by a visible fraction of one step (lr = 3e-3).
+Hence two bounds: every element within atol 1e-4 (0.5% of the most an element can move in 6
+steps, lr x 6 = 1.8e-2), and the mean absolute difference over all weights below 1e-6. A
+skipped micro-batch, a wrong per-rank weighting or a wrong learning rate moves most elements
+by ~1e-3 and fails both.
 """
 
 from __future__ import annotations
@@ -69,26 +73,40 @@ def _train(strategy: str, root: Path) -> tuple[dict[str, torch.Tensor], list, di
 
 
 @pytest.fixture(scope="module")
-def reference(ray_cluster, tmp_path_factory):
-    return _train("ddp", tmp_path_factory.mktemp("ddp"))
+def trained(ray_cluster, tmp_path_factory):
+    """Train each strategy once per module; tests share the runs."""
+    runs: dict[str, tuple] = {}
+
+    def get(strategy: str) -> tuple:
+        if strategy not in runs:
+            runs[strategy] = _train(strategy, tmp_path_factory.mktemp(strategy))
+        return runs[strategy]
+
+    return get
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_loss_falls(strategy, reference, tmp_path):
-    weights, rows, final = reference if strategy == "ddp" else _train(strategy, tmp_path)
+STRATEGIES = ["fsdp", "zero1", "zero2", "zero3"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", *STRATEGIES])
+def test_loss_falls(strategy, trained):
+    weights, rows, final = trained(strategy)
     losses = [v["loss"] for _, v in rows if "loss" in v]
     assert len(losses) == STEPS and losses[-1] < losses[0]
     assert all(v["world_size"] == 2 for _, v in rows)
     assert final["eval_loss"] < 5.0
 
 
-@pytest.mark.parametrize("strategy", ["fsdp"])
-def test_strategy_matches_ddp(strategy, reference, tmp_path):
-    ref_weights, ref_rows, _ = reference
-    weights, rows, _ = _train(strategy, tmp_path)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_strategy_matches_ddp(strategy, trained):
+    ref_weights, ref_rows, _ = trained("ddp")
+    weights, rows, _ = trained(strategy)
     assert set(weights) == set(ref_weights) and len(weights) > 0
     for name, tensor in ref_weights.items():
-        torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-3, atol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    diffs = torch.cat([(weights[n] - t).abs().flatten() for n, t in ref_weights.items()])
+    assert float(diffs.mean()) < 1e-6
     ref_losses = [v["loss"] for _, v in ref_rows if "loss" in v]
     losses = [v["loss"] for _, v in rows if "loss" in v]
     assert losses == pytest.approx(ref_losses, rel=1e-5)

@@ -138,11 +138,13 @@ def test_missing_required_fields_and_bad_json(client):
     assert r.status_code == 422 and "not valid JSON" in r.json()["error"]["message"] + json.dumps(r.json())
 
 
-def test_unavailable_strategy_and_too_many_workers(client, data):
-    body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT]), "strategy": "zero3",
+def test_unknown_strategy_and_too_many_workers(client, data):
+    body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT]), "strategy": "zero4",
             "scaling": {"min_workers": 16}, "hyperparameters": {"global_batch_size": 8, "micro_batch_size": 1}}
     problems = _problems(client.post("/jobs", json=body))
-    assert "ddp" in problems["strategy"]
+    assert "zero3" in problems["strategy"]  # names the allowed values
+    body["strategy"] = "zero3"
+    problems = _problems(client.post("/jobs", json=body))
     assert "max_workers" in problems["hyperparameters.global_batch_size"]
 
 

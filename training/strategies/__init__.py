@@ -57,7 +57,18 @@ def _fsdp(cfg: TrainConfig) -> Strategy:
     return FSDPStrategy(cfg)
 
 
-REGISTRY: dict[str, Callable[[TrainConfig], Strategy]] = {"ddp": _ddp, "fsdp": _fsdp}
+def _zero(stage: int) -> Callable[[TrainConfig], Strategy]:
+    def build(cfg: TrainConfig) -> Strategy:
+        from training.strategies.deepspeed_zero import ZeroStrategy
+
+        return ZeroStrategy(cfg, stage)
+
+    return build
+
+
+REGISTRY: dict[str, Callable[[TrainConfig], Strategy]] = {
+    "ddp": _ddp, "fsdp": _fsdp, "zero1": _zero(1), "zero2": _zero(2), "zero3": _zero(3),
+}
 
 
 def build_strategy(cfg: TrainConfig) -> Strategy:
