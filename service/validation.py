@@ -25,7 +25,9 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 #: Strategies this build can run; the rest are refused with a pointer to one that works.
 AVAILABLE_STRATEGIES = ("auto", "ddp", "fsdp", "zero1", "zero2", "zero3")
-AVAILABLE_METHODS = ("lora", "full")
+AVAILABLE_METHODS = ("lora", "qlora", "full")
+#: 4-bit base weights are not sharded by these strategies yet.
+QLORA_STRATEGIES = ("auto", "ddp")
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,10 @@ def check_request(req: JobCreate, settings: Settings) -> ResolvedInputs:
         problems.append(Problem("method.type", "method_unavailable",
                                 f"method {req.method.type!r} is not available in this build: use "
                                 f"one of {', '.join(AVAILABLE_METHODS)}"))
+    if req.method.type == "qlora" and req.strategy not in QLORA_STRATEGIES:
+        problems.append(Problem("strategy", "strategy_unsupported_for_method",
+                                f"qlora runs with strategy ddp (or auto) in this build, not "
+                                f"{req.strategy!r}: set strategy to ddp"))
     max_workers = req.scaling.resolved_max_workers
     if req.hyperparameters.global_batch_size < max_workers:
         problems.append(Problem("hyperparameters.global_batch_size", "batch_smaller_than_workers",

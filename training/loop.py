@@ -249,7 +249,14 @@ class Recipe:
         return loss_sum / max(1.0, tokens)
 
     def finish(self) -> None:
-        metrics: dict[str, float] = {"step": self.step, "final": 1.0, "world_size": self.world_size}
+        metrics: dict[str, float] = {
+            "step": self.step, "final": 1.0, "world_size": self.world_size,
+            # How many linear layers hold 4-bit base weights (QLoRA); 0 otherwise.
+            "quantized_linear_layers": sum(
+                type(m).__name__ == "Linear4bit" and type(m).__module__.startswith("bitsandbytes")
+                for m in self.strategy.module.modules()
+            ),
+        }
         eval_loss = self.evaluate()
         if eval_loss is not None:
             metrics["eval_loss"] = eval_loss

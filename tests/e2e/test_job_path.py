@@ -161,3 +161,42 @@ def test_data_that_cannot_train_fails_with_a_user_error(service):
     assert failed["error"]["param"] == "training_file"
     assert "line 1" in failed["error"]["message"] and "max_seq_len" in failed["error"]["message"]
     assert failed["attempt"] == 0  # never dispatched
+
+
+QLORA_LOAD = textwrap.dedent("""
+    import json, sys, torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    base_dir, adapter_dir = sys.argv[1:3]
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, quantization_config=q)
+    ids = torch.tensor([[2, 5, 100, 200, 300, 7, 6]])
+    before = base(input_ids=ids).logits
+    tuned = PeftModel.from_pretrained(base, adapter_dir)
+    after = tuned(input_ids=ids).logits
+    layers = sum(type(m).__module__.startswith("bitsandbytes") and type(m).__name__ == "Linear4bit"
+                 for m in tuned.modules())
+    print(json.dumps({"changed": float((after - before).abs().max()), "linear4bit": layers}))
+""")
+
+
+def test_qlora_job_trains_on_4bit_base_weights(service):
+    url = service["url"]
+    body = {**LORA_JOB, "method": {"type": "qlora", "r": 8, "alpha": 16, "quant_type": "nf4"},
+            "hyperparameters": {**LORA_JOB["hyperparameters"], "max_steps": 8}, "name": "e2e-qlora",
+            "checkpoint": {"every_steps": 100, "keep": 1}}
+    job = _post(url, body)
+    done = wait_for(job["id"], url, {"succeeded"})
+    # Every linear layer of the 4 decoder layers (7 each) held 4-bit weights while training.
+    assert done["result_metrics"]["quantized_linear_layers"] == 28
+    losses = [m["values"]["loss"] for m in httpx.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
+              if "loss" in m["values"]]
+    assert len(losses) == 8 and losses[-1] < losses[0]
+    manifest = json.loads((Path(done["artifact_path"]) / "eft_manifest.json").read_text())
+    assert manifest["method"] == "qlora" and manifest["lora"]["quant_type"] == "nf4"
+    base_dir = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-llama"
+    out = subprocess.run([sys.executable, "-c", QLORA_LOAD, str(base_dir), done["artifact_path"]],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded["linear4bit"] == 28 and loaded["changed"] > 1e-3
