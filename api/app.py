@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.deps import JobServiceDep
 from api.models import Health
-from api.routes import jobs
+from api.routes import jobs, plan
 from service.errors import Problem, RequestInvalid, ServiceError
 from service.jobs import JobService
 from service.validation import check_raw_inputs
@@ -107,6 +107,7 @@ def create_app(job_service: JobService) -> FastAPI:
 
     _install_error_handlers(app)
     app.include_router(jobs.router)
+    app.include_router(plan.router)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(service: JobServiceDep) -> Health:

@@ -40,6 +40,8 @@ from api.models import (
     JobMetric,
     JobMetricList,
     JobStatus,
+    Plan,
+    PlanRequest,
 )
 from eft._errors import APIConnectionError, APITimeoutError, WaitTimeoutError, status_error
 
@@ -82,6 +84,15 @@ def _create_body(request: JobCreate | Mapping[str, Any] | None, fields: dict[str
     job = JobCreate.model_validate({**base, **fields})
     # Unset fields are left out so the server's defaults apply, not this client's.
     return job.model_dump(mode="json", exclude_unset=True)
+
+
+def _plan_body(request: PlanRequest | Mapping[str, Any] | None, fields: dict[str, Any]) -> dict:
+    """Validate a plan request locally (raises pydantic.ValidationError); keep only set fields."""
+    if isinstance(request, PlanRequest):
+        base = request.model_dump(exclude_unset=True)
+    else:
+        base = dict(request or {})
+    return PlanRequest.model_validate({**base, **fields}).model_dump(mode="json", exclude_unset=True)
 
 
 def _list_params(limit: int, after: str | None, status: JobStatus | str | None) -> dict:
@@ -158,6 +169,16 @@ class Client(_BaseClient):
         """Return the service's health (GET /healthz); raises `EftError` subclasses."""
         return self._request("GET", "/healthz", cast=Health)
 
+    def plan(self, request: PlanRequest | Mapping[str, Any] | None = None, **fields: Any) -> Plan:
+        """Plan a job on a cluster (POST /plan): every candidate configuration with its predicted
+        memory, and the fastest that fits, e.g.
+        `client.plan(model="llama-2-70b", hyperparameters={"max_seq_len": 4096,
+        "micro_batch_size": 1}, cluster={"gpus": 8, "gpu_memory_gb": 32})`.
+
+        Raises pydantic.ValidationError before sending, `EftError` subclasses for the answer.
+        """
+        return self._request("POST", "/plan", cast=Plan, json=_plan_body(request, fields))
+
     def close(self) -> None:
         if self._owns_http:
             self._http.close()
@@ -201,6 +222,11 @@ class AsyncClient(_BaseClient):
     async def health(self) -> Health:
         """Return the service's health (GET /healthz); raises `EftError` subclasses."""
         return await self._request("GET", "/healthz", cast=Health)
+
+    async def plan(self, request: PlanRequest | Mapping[str, Any] | None = None,
+                   **fields: Any) -> Plan:
+        """Plan a job on a cluster (POST /plan); returns the `Plan`. Raises as `Client.plan`."""
+        return await self._request("POST", "/plan", cast=Plan, json=_plan_body(request, fields))
 
     async def close(self) -> None:
         if self._owns_http:

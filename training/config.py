@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -19,6 +19,8 @@ class LoraSpec:
     #: 4-bit data type for QLoRA ("nf4" or "fp4"); None loads the base model unquantized.
     quant_type: str | None = None
     double_quant: bool = True
+    #: Bits of the quantized base weights: 4 (QLoRA) or 8 (LLM.int8()).
+    quant_bits: int = 4
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,14 @@ class TrainConfig:
     checkpoint_root: str = ""
     artifact_root: str = ""
     base_model_name: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: Memory optimizations (see the optimization study): recompute activations in backward,
+    #: the compute precision, the attention kernel, and what ZeRO / FSDP offload to CPU.
+    gradient_checkpointing: bool = False
+    precision: str = "fp32"  # "fp32" | "bf16" | "fp16"
+    attention: str = "sdpa"  # "sdpa" | "eager" | "flash_attention_2"
+    offload: str = "none"  # "none" | "optimizer" | "optimizer+params"
+    #: The planner's predicted peak memory per worker in GB, when it made one.
+    predicted_memory_gb: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -52,11 +52,21 @@ def lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+def _all_reduce_sum(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return tensor.tolist()
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """This worker's peak memory in GB (10^9 bytes, the planner's unit): the CUDA allocator's
+    peak on a GPU, the process's peak resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB
 
 
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -144,7 +154,8 @@ class Recipe:
             batch = {k: v.to(self.device) for k, v in
                      collate(examples or self.train_examples[:1], self.pad_id).items()}
             with strategy.accumulate(last=i == len(micro_batches) - 1):
-                loss_sum = token_loss_sum(strategy.model, batch) * weight
+                with strategy.autocast():
+                    loss_sum = token_loss_sum(strategy.model, batch) * weight
                 strategy.backward(loss_sum * scale)
             window.loss_sum += loss_sum.detach()
             window.input_tokens += int(batch["attention_mask"].sum()) * weight
@@ -167,9 +178,11 @@ class Recipe:
                 f"the loss became {loss} at step {self.step}: lower learning_rate or check the data",
                 "hyperparameters.learning_rate",
             )
+        (peak,) = _all_reduce_sum([peak_memory_gb(self.device)], self.device, op="max")
         metrics = {
             "step": self.step,
             "loss": loss,
+            "peak_memory_gb": peak,
             "learning_rate": self.cfg.learning_rate * self.lr_factor(self.step - 1),
             "tokens_per_s": input_tokens / elapsed,
             "step_time_s": elapsed / max(1, window.steps),
@@ -239,11 +252,11 @@ class Recipe:
             examples = [part[i] for i in shard_for_rank(list(range(len(part))), self.rank, self.world_size)]
             batch = {k: v.to(self.device) for k, v in
                      collate(examples or part[:1], self.pad_id).items()}
+            with self.strategy.autocast():
+                value = float(token_loss_sum(model, batch))
             if examples:
-                loss_sum += float(token_loss_sum(model, batch))
+                loss_sum += value
                 tokens += sum(e.loss_tokens for e in examples)
-            else:
-                token_loss_sum(model, batch)
         loss_sum, tokens = _all_reduce_sum([loss_sum, tokens], self.device)
         model.train()
         return loss_sum / max(1.0, tokens)
@@ -260,6 +273,13 @@ class Recipe:
         eval_loss = self.evaluate()
         if eval_loss is not None:
             metrics["eval_loss"] = eval_loss
+        peaks = [0.0] * self.world_size
+        peaks[self.rank] = peak_memory_gb(self.device)
+        for rank, value in enumerate(_all_reduce_sum(peaks, self.device)):
+            metrics[f"peak_memory_gb_rank{rank}"] = value
+        metrics["peak_memory_gb"] = max(metrics[f"peak_memory_gb_rank{r}"] for r in range(self.world_size))
+        if self.cfg.predicted_memory_gb is not None:
+            metrics["predicted_memory_gb"] = self.cfg.predicted_memory_gb
         # Waiting on the last call means every earlier metric has landed too.
         self._publish(metrics, wait=True)
         self._report(metrics, with_checkpoint=True, final=True)

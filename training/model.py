@@ -9,17 +9,20 @@ import torch
 from training.config import TrainConfig
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def compute_dtype(cfg: TrainConfig) -> torch.dtype:
-    # fp32 on CPU keeps runs exact and comparable; bf16 on GPUs that support it.
-    if cfg.use_gpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    """The dtype the forward pass computes in (the job's `precision`)."""
+    return DTYPES[cfg.precision]
 
 
 def _quantization_config(cfg: TrainConfig) -> Any:
     from transformers import BitsAndBytesConfig
 
     assert cfg.lora is not None
+    if cfg.lora.quant_bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type=cfg.lora.quant_type or "nf4",
@@ -32,10 +35,15 @@ def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     """Returns the base model with the job's method applied; only trainable params need grads."""
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": compute_dtype(cfg)}
+    # Weights stay fp32 (the optimizer's master copy); mixed precision is applied by autocast
+    # or by the strategy (FSDP's policy, DeepSpeed's bf16/fp16 mode).
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "attn_implementation": cfg.attention}
     if cfg.method == "qlora":
         kwargs["quantization_config"] = _quantization_config(cfg)
     model = AutoModelForCausalLM.from_pretrained(cfg.model_path, **kwargs)
+    if cfg.gradient_checkpointing:
+        # Non-reentrant checkpointing needs no input grads, so frozen embeddings are fine.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.method == "full":
         model.requires_grad_(True)
         return model
@@ -43,7 +51,10 @@ def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if cfg.method == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=cfg.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
     spec = cfg.lora
     assert spec is not None
     target = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)

@@ -120,7 +120,8 @@ class Architecture:
 
     @property
     def counted_parameters(self) -> int:
-        return self.num_layers * self.layer_parameters + self.embedding_parameters + self._norm_parameters
+        layers = self.num_layers * self.layer_parameters
+        return layers + self.embedding_parameters + self._norm_parameters
 
     @property
     def parameters(self) -> int:

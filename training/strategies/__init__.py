@@ -29,6 +29,9 @@ class Strategy(Protocol):
         """Context for one micro-batch's backward; gradients are reduced across ranks only
         when `last` is true."""
 
+    def autocast(self) -> AbstractContextManager[Any]:
+        """Context for the forward pass: mixed precision where the strategy applies it there."""
+
     def backward(self, loss: torch.Tensor) -> None: ...
 
     def step(self, lr: float) -> float | None:
@@ -82,3 +85,10 @@ def build_strategy(cfg: TrainConfig) -> Strategy:
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def no_autocast() -> AbstractContextManager[Any]:
+    """For strategies whose wrapper casts by itself (FSDP's policy, DeepSpeed's modes)."""
+    import contextlib
+
+    return contextlib.nullcontext()

@@ -1,5 +1,6 @@
 """DDP: every rank holds the whole model; gradients are averaged with one all-reduce per step
-(gloo on CPU, NCCL on GPUs), set up by Ray Train's `prepare_model`."""
+(gloo on CPU, NCCL on GPUs), set up by Ray Train's `prepare_model`. Mixed precision is
+torch autocast over fp32 weights; fp16 adds dynamic loss scaling (GradScaler)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import ray.train.torch
 import torch
 
 from training.config import TrainConfig
-from training.model import load_trainable_state, trainable_state
+from training.model import compute_dtype, load_trainable_state, trainable_state
 from training.strategies import trainable_parameters
 
 
@@ -23,6 +24,11 @@ class DDPStrategy:
     def prepare(self, model: torch.nn.Module) -> None:
         self.module = model
         self.model = ray.train.torch.prepare_model(model)
+        self.device_type = ray.train.torch.get_device().type
+        self.dtype = compute_dtype(self.cfg)
+        self.scaler = (
+            torch.amp.GradScaler(self.device_type) if self.dtype == torch.float16 else None
+        )
         self.optimizer = torch.optim.AdamW(
             trainable_parameters(model), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay
         )
@@ -31,16 +37,25 @@ class DDPStrategy:
         distributed = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         return contextlib.nullcontext() if last or not distributed else self.model.no_sync()
 
+    def autocast(self):  # noqa: ANN201
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def step(self, lr: float) -> float | None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
         norm = None
         if self.cfg.max_grad_norm:
             norm = float(torch.nn.utils.clip_grad_norm_(trainable_parameters(self.module), self.cfg.max_grad_norm))
-        self.optimizer.step()
+        if self.scaler:
+            self.scaler.step(self.optimizer)  # skips the update when gradients overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 

@@ -3,9 +3,8 @@
 `deepspeed.initialize` reuses the process group Ray Train set up (gloo on CPU, NCCL on GPUs).
 Gradient accumulation is left to the training loop (`managed_gradient_accumulation: false`):
 backward only accumulates locally, and `step()` reduces across ranks and updates, so ranks may
-run different micro-batch splits of the same global batch. Options in `cfg.extra`:
-`offload_optimizer` (ZeRO-Offload of optimizer state to CPU) and, for stage 3,
-`offload_params`.
+run different micro-batch splits of the same global batch. `cfg.offload` moves optimizer state
+("optimizer", ZeRO-Offload) and, for stage 3, parameters too ("optimizer+params") to CPU.
 """
 
 from __future__ import annotations
@@ -18,16 +17,16 @@ import torch.distributed as dist
 
 from training.config import TrainConfig
 from training.model import compute_dtype
-from training.strategies import trainable_parameters
+from training.strategies import no_autocast, trainable_parameters
 
 
 def deepspeed_config(cfg: TrainConfig, stage: int, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config for a job; batch sizes only satisfy DeepSpeed's consistency check
     (the loop owns the global batch)."""
     zero: dict[str, Any] = {"stage": stage}
-    if cfg.extra.get("offload_optimizer"):
+    if cfg.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.use_gpu}
-    if stage == 3 and cfg.extra.get("offload_params"):
+    if stage == 3 and cfg.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.use_gpu}
     return {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
@@ -37,6 +36,7 @@ def deepspeed_config(cfg: TrainConfig, stage: int, world_size: int) -> dict[str,
         "gradient_clipping": cfg.max_grad_norm or 0.0,
         "zero_optimization": zero,
         "bf16": {"enabled": compute_dtype(cfg) == torch.bfloat16},
+        "fp16": {"enabled": compute_dtype(cfg) == torch.float16},
         # A torch AdamW with ZeRO-Offload on CPU avoids compiling DeepSpeed's CPU Adam.
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
@@ -63,6 +63,9 @@ class ZeroStrategy:
 
     def accumulate(self, last: bool):  # noqa: ANN201 - reduction happens in step()
         return contextlib.nullcontext()
+
+    def autocast(self):  # noqa: ANN201
+        return no_autocast()
 
     def backward(self, loss: torch.Tensor) -> None:
         self.model.backward(loss, scale_wrt_gas=False)
@@ -100,5 +103,8 @@ class ZeroStrategy:
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         # Master (fp32) partitions come from the saved optimizer state, so they agree with
-        # the weights loaded above.
-        self.optimizer.load_state_dict([state], load_optimizer_states=True, load_from_fp32_weights=True)
+        # the weights loaded above. DeepSpeed indexes the list by data-parallel rank; at the
+        # same world size each rank only reads its own entry.
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.optimizer.load_state_dict([state] * world, load_optimizer_states=True,
+                                       load_from_fp32_weights=True)

@@ -24,7 +24,7 @@ import ray.train.torch
 
 from training.config import TrainConfig
 from training.model import compute_dtype
-from training.strategies import trainable_parameters
+from training.strategies import no_autocast, trainable_parameters
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 
@@ -46,8 +46,10 @@ class FSDPStrategy:
         kwargs: dict[str, Any] = {
             "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         }
-        if self.cfg.extra.get("cpu_offload"):
-            kwargs["offload_policy"] = CPUOffloadPolicy()
+        if self.cfg.offload != "none":  # FSDP offloads parameters, gradients and optimizer together
+            # Pinned host memory needs an accelerator; on CPU the policy still keeps the
+            # optimizer step on host tensors.
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.cfg.use_gpu)
         layer_classes = _layer_classes(model)
         for module in model.modules():
             if type(module).__name__ in layer_classes:
@@ -62,6 +64,9 @@ class FSDPStrategy:
         # Skipping the reduce-scatter for all but the last micro-batch, as DDP's no_sync does.
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
+
+    def autocast(self):  # noqa: ANN201
+        return no_autocast()
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

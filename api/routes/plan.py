@@ -1,0 +1,20 @@
+"""`/plan`: predicted memory of every training configuration, and the fastest one that fits."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.deps import JobServiceDep
+from api.models import Plan, PlanRequest
+from service.planner import plan
+from service.planner.requests import spec_for_request
+
+router = APIRouter(tags=["plan"])
+
+
+@router.post("/plan", response_model=Plan)
+def create_plan(body: PlanRequest, service: JobServiceDep) -> Plan:
+    """Plan a job on `cluster`: every candidate with its memory terms and reason, the chosen one,
+    and when nothing fits the nearest changes that would. 422 for an unknown model."""
+    spec = spec_for_request(body, body.cluster, service.settings)
+    return Plan.model_validate(plan(spec).to_dict())
