@@ -61,6 +61,7 @@ class QloraMethod(LoraMethod):
     type: Literal["qlora"] = "qlora"  # type: ignore[assignment]
     quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type.")
     double_quant: bool = Field(True, description="Quantize the quantization constants too.")
+    bits: Literal[4, 8] = Field(4, description="4 (QLoRA, NF4/FP4) or 8 (LLM.int8()) base weights.")
 
 
 class FullMethod(_Request):
@@ -136,6 +137,24 @@ class CheckpointPolicy(_Request):
 Strategy = Literal["auto", "ddp", "fsdp", "zero1", "zero2", "zero3"]
 
 
+class Optimizations(_Request):
+    """Memory and speed options from the optimization study. "auto" (or null) leaves the
+    choice to the planner, which picks the fastest configuration predicted to fit."""
+
+    gradient_checkpointing: bool | None = Field(
+        None, description="Recompute activations in backward: less memory, ~a third more compute."
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="Compute precision: auto is bf16 on GPUs, fp32 on CPU. fp16 uses loss scaling."
+    )
+    attention: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="Attention kernel; flash_attention_2 needs flash-attn and an Ampere+ GPU."
+    )
+    offload: Literal["auto", "none", "optimizer", "optimizer+params"] = Field(
+        "auto", description="Move optimizer state (and, with zero3/fsdp, parameters) to CPU memory."
+    )
+
+
 class JobCreate(_Request):
     """A fine-tuning request. Only `model` and `training_file` are required."""
 
@@ -155,6 +174,7 @@ class JobCreate(_Request):
     scaling: Scaling = Field(default_factory=Scaling)
     strategy: Strategy = "auto"
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    optimizations: Optimizations = Field(default_factory=Optimizations)
     name: str | None = Field(None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
 
@@ -182,6 +202,7 @@ class Job(_Response):
     scaling: Scaling
     strategy: Strategy
     checkpoint: CheckpointPolicy
+    optimizations: Optimizations = Field(default_factory=Optimizations)
     name: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
@@ -194,6 +215,10 @@ class Job(_Response):
     error: JobError | None = None
     artifact_path: str | None = None
     ray_submission_id: str | None = None
+    resolved: dict[str, Any] | None = Field(
+        None, description="The configuration the job runs with once validated: strategy, offload, "
+        "gradient_checkpointing, attention, precision and the planner's predicted_memory_gb."
+    )
     result_metrics: dict[str, float] = Field(default_factory=dict)
 
     @property

@@ -29,6 +29,10 @@ from service.validation import check_request
 log = logging.getLogger("eft.jobs")
 
 
+RESOLVED_KEYS = ("strategy", "offload", "gradient_checkpointing", "attention", "precision",
+                 "predicted_memory_gb", "total_steps")
+
+
 def to_wire(job: JobRecord) -> Job:
     request = JobCreate.model_validate(job.request)
     error = None
@@ -40,6 +44,7 @@ def to_wire(job: JobRecord) -> Job:
         attempt=job.attempt, num_workers=job.num_workers, step=job.step,
         total_steps=job.total_steps, error=error, artifact_path=job.artifact_path,
         ray_submission_id=job.submission_id, result_metrics=job.result_metrics or {},
+        resolved={k: job.config[k] for k in RESOLVED_KEYS if k in job.config} if job.config else None,
     )
 
 

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
 
+    gpu_memory_gb: float = Field(80.0, gt=0, description="Memory of one GPU worker, for the planner.")
+    gpu_type: str | None = Field(None, description="e.g. A100 or H100: lets the planner use FlashAttention.")
+    cpu_worker_memory_gb: float | None = Field(
+        None, gt=0, description="Memory budget of one CPU worker; default 80% of RAM / workers."
+    )
+
     max_running_jobs: int = Field(4, ge=1, description="Jobs dispatched at once, cluster-wide.")
     max_running_jobs_per_tenant: int = Field(2, ge=1)
     scheduler_interval_s: float = Field(1.0, gt=0)

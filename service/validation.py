@@ -10,12 +10,15 @@ Two stages:
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.models import JobCreate, LoraMethod
+from api.models import Cluster, JobCreate, LoraMethod
 from service.errors import Problem, RequestInvalid
 from service.settings import Settings
 from training.config import LoraSpec, TrainConfig, steps_for
@@ -31,10 +34,23 @@ QLORA_STRATEGIES = ("auto", "ddp")
 
 
 @dataclass(frozen=True)
+class Choice:
+    """The configuration a job runs with: the request's forced options, the planner's for the rest."""
+
+    strategy: str
+    offload: str
+    gradient_checkpointing: bool
+    attention: str
+    precision: str
+    predicted_memory_gb: float
+
+
+@dataclass(frozen=True)
 class ResolvedInputs:
     model_path: str
     training_file: Path
     validation_file: Path | None
+    choice: Choice
 
 
 def _under(path: Path, root: Path) -> bool:
@@ -136,10 +152,76 @@ def check_request(req: JobCreate, settings: Settings) -> ResolvedInputs:
                                 f"global_batch_size ({req.hyperparameters.global_batch_size}) is "
                                 f"below max_workers ({max_workers}): every worker needs an example "
                                 "per step; raise global_batch_size or lower max_workers"))
+    problems += check_optimizations(req)
     if problems:
         raise RequestInvalid(problems=problems)
     assert model_path is not None and train is not None
-    return ResolvedInputs(model_path, train, valid)
+    return ResolvedInputs(model_path, train, valid, choose_configuration(req, settings))
+
+
+def check_optimizations(req: JobCreate) -> list[Problem]:
+    """Options that cannot work together, or not on this hardware."""
+    opt, strategy, problems = req.optimizations, req.strategy, []
+    if opt.attention == "flash_attention_2":
+        if not req.scaling.use_gpu:
+            problems.append(Problem("optimizations.attention", "needs_gpu",
+                                    "flash_attention_2 runs on GPUs only: set scaling.use_gpu or use sdpa"))
+        elif importlib.util.find_spec("flash_attn") is None:
+            problems.append(Problem("optimizations.attention", "not_installed",
+                                    "flash_attention_2 needs the flash-attn package on the workers: "
+                                    "install it or use sdpa"))
+    if opt.precision == "fp16" and not req.scaling.use_gpu and strategy not in ("auto", "ddp"):
+        problems.append(Problem("optimizations.precision", "fp16_needs_gpu",
+                                f"fp16 with {strategy} needs GPUs; on CPU use bf16, or fp16 with ddp"))
+    if opt.offload not in ("auto", "none") and strategy == "ddp":
+        problems.append(Problem("optimizations.offload", "offload_needs_sharding",
+                                "ddp keeps every state on the device: use zero1-3 or fsdp to offload"))
+    if opt.offload == "optimizer+params" and strategy in ("zero1", "zero2"):
+        problems.append(Problem("optimizations.offload", "params_offload_needs_zero3",
+                                "parameter offload needs zero3 or fsdp: use offload 'optimizer' or strategy zero3"))
+    return problems
+
+
+def _cluster_for(req: JobCreate, settings: Settings) -> Cluster:
+    workers = req.scaling.resolved_max_workers
+    if req.scaling.use_gpu:
+        return Cluster(gpus=workers, gpu_memory_gb=settings.gpu_memory_gb, gpu_type=settings.gpu_type)
+    # On CPU a worker's "device memory" is its share of the host's.
+    total_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    return Cluster(gpus=workers, gpu_memory_gb=settings.cpu_worker_memory_gb or total_gb * 0.8 / workers)
+
+
+def choose_configuration(req: JobCreate, settings: Settings) -> Choice:
+    """Plan the job: the request's forced options stay, the planner picks the rest (the fastest
+    configuration predicted to fit). Raises RequestInvalid (does_not_fit) naming the nearest
+    configuration that would fit."""
+    from service.planner import plan
+    from service.planner.requests import refuse_unless_fits, spec_for_request
+
+    opt, gpu = req.optimizations, req.scaling.use_gpu
+    spec = spec_for_request(req, _cluster_for(req, settings), settings)
+    narrowed: dict[str, Any] = {}
+    if req.method.type == "qlora":
+        narrowed["strategies"] = tuple(s for s in spec.strategies if s in QLORA_STRATEGIES)
+    if opt.attention != "auto":
+        narrowed["attentions"] = (opt.attention,)
+    elif not gpu:
+        narrowed["attentions"] = ("sdpa",)
+    if opt.offload != "auto":
+        narrowed["offloads"] = (opt.offload,)
+    if opt.gradient_checkpointing is not None:
+        narrowed["gradient_checkpointing"] = (opt.gradient_checkpointing,)
+    result = plan(dataclasses.replace(spec, **narrowed))
+    refuse_unless_fits(result)
+    chosen = result.chosen
+    assert chosen is not None
+    precision = opt.precision if opt.precision != "auto" else ("bf16" if gpu else "fp32")
+    return Choice(
+        strategy=chosen.config.strategy, offload=chosen.config.offload,
+        gradient_checkpointing=chosen.config.gradient_checkpointing,
+        attention=chosen.config.attention, precision=precision,
+        predicted_memory_gb=round(chosen.memory.total, 4),
+    )
 
 
 def check_raw_inputs(body: dict[str, Any], settings: Settings) -> list[Problem]:
@@ -166,6 +248,7 @@ def build_train_config(
             r=method.r, alpha=method.alpha, dropout=method.dropout, target_modules=target,
             quant_type=getattr(method, "quant_type", None),
             double_quant=getattr(method, "double_quant", True),
+            quant_bits=getattr(method, "bits", 4),
         )
     total_steps = hp.max_steps or steps_for(num_train_examples, hp.global_batch_size, hp.epochs or 1.0)
     return TrainConfig(
@@ -179,7 +262,10 @@ def build_train_config(
         log_every_steps=hp.log_every_steps, min_workers=req.scaling.min_workers,
         max_workers=req.scaling.resolved_max_workers, use_gpu=req.scaling.use_gpu,
         cpus_per_worker=req.scaling.cpus_per_worker,
-        strategy="ddp" if req.strategy == "auto" else req.strategy,
+        strategy=inputs.choice.strategy, offload=inputs.choice.offload,
+        gradient_checkpointing=inputs.choice.gradient_checkpointing,
+        attention=inputs.choice.attention, precision=inputs.choice.precision,
+        predicted_memory_gb=inputs.choice.predicted_memory_gb,
         checkpoint_every_steps=req.checkpoint.every_steps, checkpoint_keep=req.checkpoint.keep,
         checkpoint_root=settings.resolved_checkpoint_root,
         artifact_root=str(settings.resolved_artifact_root), base_model_name=req.model,

@@ -125,8 +125,8 @@ class PlanSpec:
         if not self.strategies or any(s not in STRATEGIES for s in self.strategies):
             problems.append(("strategies", f"strategies {list(self.strategies)} must be some of "
                              f"{', '.join(STRATEGIES)}"))
-        if "none" not in self.offloads or any(o not in OFFLOADS for o in self.offloads):
-            problems.append(("offloads", "offloads must include none and be some of "
+        if not self.offloads or any(o not in OFFLOADS for o in self.offloads):
+            problems.append(("offloads", "offloads must be one or more of "
                              f"{', '.join(OFFLOADS)}"))
         if not self.attentions or any(a not in ATTENTIONS for a in self.attentions):
             problems.append(("attentions", f"attentions must be some of {', '.join(ATTENTIONS)}"))

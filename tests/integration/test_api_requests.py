@@ -167,3 +167,60 @@ def test_health_and_openapi(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/events",
             "/jobs/{job_id}/metrics", "/healthz"} <= set(paths)
+
+
+def _big_model(eft_home) -> str:
+    """A model directory holding only Llama-2-70B's config.json: enough for the planner."""
+    model = eft_home / "models" / "llama-70b-config"
+    model.mkdir(parents=True)
+    model.joinpath("config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+        "intermediate_size": 28672, "num_attention_heads": 64, "num_hidden_layers": 80,
+        "num_key_value_heads": 8, "vocab_size": 32000}))
+    return str(model)
+
+
+def test_job_that_cannot_fit_is_refused_with_the_nearest_fit(client, data, eft_home, monkeypatch):
+    monkeypatch.setenv("EFT_GPU_MEMORY_GB", "32")
+    client.app.state.job_service.settings.__dict__["gpu_memory_gb"] = 32.0
+    body = {"model": _big_model(eft_home), "training_file": data("t.jsonl", [CHAT]),
+            "scaling": {"min_workers": 2, "use_gpu": True}, "strategy": "ddp",
+            "hyperparameters": {"max_seq_len": 4096, "micro_batch_size": 1}}
+    r = client.post("/jobs", json=body)
+    problems = _problems(r)
+    message = " ".join(problems.values())
+    assert "predicted not to fit" in message and "nearest that fits" in message
+    assert any(p["code"] == "does_not_fit" for p in r.json()["error"]["errors"])
+    _nothing_stored(client)
+
+
+def test_incompatible_optimizations_are_named(client, data):
+    body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT]), "strategy": "ddp",
+            "optimizations": {"attention": "flash_attention_2", "offload": "optimizer"}}
+    problems = _problems(client.post("/jobs", json=body))
+    assert "GPUs only" in problems["optimizations.attention"]
+    assert "zero1-3 or fsdp" in problems["optimizations.offload"]
+    body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT]), "strategy": "zero2",
+            "optimizations": {"offload": "optimizer+params"}}
+    assert "zero3" in _problems(client.post("/jobs", json=body))["optimizations.offload"]
+
+
+def test_forced_options_are_kept_and_auto_is_planned(client, data):
+    from service.jobs import JobService  # noqa: F401 - the app's service resolves the plan
+    from service.validation import check_request
+    from api.models import JobCreate
+
+    service = client.app.state.job_service
+    train = data("t.jsonl", [CHAT])
+    forced = JobCreate(model="tiny-llama", training_file=train, strategy="zero3",
+                       optimizations={"offload": "optimizer+params", "gradient_checkpointing": True,
+                                      "precision": "bf16", "attention": "eager"})
+    choice = check_request(forced, service.settings).choice
+    assert (choice.strategy, choice.offload, choice.gradient_checkpointing, choice.attention,
+            choice.precision) == ("zero3", "optimizer+params", True, "eager", "bf16")
+    auto = check_request(JobCreate(model="tiny-llama", training_file=train), service.settings).choice
+    assert auto.strategy in ("ddp", "zero1", "zero2", "zero3", "fsdp") and auto.precision == "fp32"
+    assert 0 < auto.predicted_memory_gb < 5
+    qlora = check_request(JobCreate(model="tiny-llama", training_file=train, method={"type": "qlora"}),
+                          service.settings).choice
+    assert qlora.strategy == "ddp"
