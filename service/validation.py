@@ -201,7 +201,8 @@ def choose_configuration(req: JobCreate, settings: Settings) -> Choice:
     opt, gpu = req.optimizations, req.scaling.use_gpu
     spec = spec_for_request(req, _cluster_for(req, settings), settings)
     narrowed: dict[str, Any] = {}
-    if req.method.type == "qlora":
+    if req.method.type == "qlora" or (opt.precision == "fp16" and not gpu):
+        # 4-bit weights, and fp16 on CPU (GradScaler), run under DDP only.
         narrowed["strategies"] = tuple(s for s in spec.strategies if s in QLORA_STRATEGIES)
     if opt.attention != "auto":
         narrowed["attentions"] = (opt.attention,)

@@ -88,6 +88,17 @@ def build_manifest(cfg: TrainConfig, metrics: dict[str, Any], attempt: int) -> d
             )
         },
         "strategy": cfg.strategy,
+        "optimizations": {
+            "offload": cfg.offload, "gradient_checkpointing": cfg.gradient_checkpointing,
+            "attention": cfg.attention, "precision": cfg.precision,
+        },
+        "memory_gb": {
+            "predicted_per_worker": cfg.predicted_memory_gb,
+            "measured_peak_per_worker": [
+                metrics[f"peak_memory_gb_rank{r}"] for r in range(int(metrics.get("world_size", 0)))
+                if f"peak_memory_gb_rank{r}" in metrics
+            ],
+        },
         "final_metrics": metrics,
         "versions": _versions(),
     }

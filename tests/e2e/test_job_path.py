@@ -78,6 +78,10 @@ def test_lora_job_over_http_produces_a_loadable_adapter(service):
     assert len(manifest["base_model"]["fingerprint_sha256"]) == 64
     assert len(manifest["datasets"]["training_file"]["sha256"]) == 64
     assert manifest["hyperparameters"]["global_batch_size"] == 16
+    assert manifest["strategy"] == done["resolved"]["strategy"]  # planned: strategy was auto
+    memory = manifest["memory_gb"]
+    assert memory["predicted_per_worker"] > 0 and len(memory["measured_peak_per_worker"]) == 2
+    assert all(m > 0.05 for m in memory["measured_peak_per_worker"])
     assert manifest["final_metrics"]["eval_loss"] == pytest.approx(done["result_metrics"]["eval_loss"])
 
     metrics = httpx.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
