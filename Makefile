@@ -1,6 +1,7 @@
 # make setup  - create .venv with torch (CPU wheel pinned first) and this project, build the bundled model
 # make demo   - set up if needed, then run a real LoRA job through the running service
 # make test   - set up if needed, then run the whole test suite
+# make bench  - set up if needed, then benchmark the memory planner against measured peaks (BENCHMARKS.md)
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.eft-setup-done
 MODEL := assets/models/tiny-llama/config.json
 
-.PHONY: setup demo test test-unit clean
+.PHONY: setup demo test test-unit clean bench
 
 setup: $(STAMP) $(MODEL)
 
@@ -35,3 +36,6 @@ test-unit: setup
 
 clean:
 	rm -rf $(VENV) assets/models
+
+bench: setup
+	$(PY) bench/memory.py

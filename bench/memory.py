@@ -7,65 +7,72 @@ Run from the repository root:
     .venv/bin/python bench/memory.py --quick --output /tmp/b.md   # 4 short rows, elsewhere
 
 It writes the section "## Memory: planner vs measured" of BENCHMARKS.md (replaced in place on a
-rerun; every other section of the file is left alone) and prints the same text.
+rerun; every other section of the file is left alone), prints the same text, and reports the
+machine: CPU model (/proc/cpuinfo), cores, RAM, GPU, torch / transformers / peft versions.
 
 What it does
 ------------
 1. Builds a Llama model from a config (no download): hidden 512, 8 layers, 8 heads,
-   intermediate 1376, vocabulary 8000, about 33.5M parameters, seeded random weights, saved with
+   intermediate 1376, vocabulary 8000, 33.5M parameters, seeded random weights, saved with
    `save_pretrained` (safetensors) in a temporary directory.
 2. Asks the planner (`architecture_from_config` on that directory, `PlanSpec`,
-   `Configuration("ddp", gradient_checkpointing=..., attention="sdpa")`, `estimate_memory`) for
-   every row of the grid: method LoRA r=8 / LoRA r=64 (all-linear, the service's defaults
-   otherwise, dropout 0.05 included) / full, gradient checkpointing off / on, sequence length
-   256 / 1024, micro batch 4, one worker.
+   `Configuration("ddp", gradient_checkpointing=..., attention="sdpa")`, `estimate_memory`), in
+   the same run, for every row of the grid: LoRA r=8 / LoRA r=64 (all-linear; alpha 16 and
+   dropout 0.05, the service's defaults) / full fine-tuning, x gradient checkpointing off / on,
+   x sequence length 256 / 1024, micro batch 4, one worker; LoRA r=64 at s=256 only, to stay
+   under 6 minutes on 2 idle cores (GRID_NOTE): 10 rows.
 3. Runs every row in a FRESH subprocess (this file with `--worker`), so that the process's peak
    resident set belongs to that row alone. The worker imports torch, transformers, peft and the
-   training code and runs one tiny warm-up step (kernel and thread-pool initialisation), then reads
-   its resident set (VmRSS in /proc/self/status): the *baseline*. It then loads the model through
-   `training.model.load_trainable_model` (the service's own loading path: fp32 weights, PEFT,
-   gradient checkpointing) and runs `--steps` (3) training steps the way the DDP strategy does on
-   one worker: forward with `training.loop.token_loss_sum` on random token ids (labels = inputs),
-   backward, gradient clipping at 1.0, `torch.optim.AdamW` over the trainable parameters,
-   `zero_grad(set_to_none=True)`. The *peak* is `resource.getrusage(RUSAGE_SELF).ru_maxrss`.
+   training code and runs a tiny warm-up step (kernels, thread pools, the profiler), then reads
+   its resident set (VmRSS in /proc/self/status): the *baseline*. It loads the model through
+   `training.model.load_trainable_model` (the service's own path: fp32 weights, PEFT, gradient
+   checkpointing) and runs `--steps` (3) training steps the way the DDP strategy runs one worker:
+   forward with `training.loop.token_loss_sum` on random token ids (labels = inputs), backward,
+   gradient clipping at 1.0, `torch.optim.AdamW` over the trainable parameters,
+   `zero_grad(set_to_none=True)`. Then it reads the *peak*:
+   `resource.getrusage(RUSAGE_SELF).ru_maxrss`.
+4. Runs one more step under `torch.profiler` with `profile_memory=True`, which records every
+   allocation and free of the CPU allocator: the live-bytes curve across forward, backward and
+   the optimizer, for the per-term table. It runs after the peak was read because its event
+   buffers inflate the resident set by a few hundred MB.
 
 What "measured" is
 ------------------
-measured = peak resident set - baseline resident set (GB = 10^9 bytes, the planner's unit). It is
-everything the model and its training add to the process: weights (fp32), LoRA adapters,
-gradients, AdamW states, saved activations, the logits and loss buffers, temporaries alive at the
-peak, and whatever glibc malloc keeps of freed memory (fragmentation). It does not include the
-interpreter, the libraries or the kernels' workspaces, which are in the baseline.
+measured = peak resident set - baseline resident set (GB = 10^9 bytes, the planner's unit): what
+the model and its training add to the process: weights (fp32; transformers maps the safetensors
+file, so they become resident during the first forward, not at loading), LoRA adapters,
+gradients, AdamW states, saved activations, logits and loss buffers, temporaries alive at the
+peak, and what glibc malloc keeps of freed memory. The interpreter, the libraries and the
+kernels' one-off workspaces are in the baseline. *Tensors* is the same without malloc: weights +
+AdamW states + the highest point of the profiled step's live bytes above its start. *Process
+peak* is ru_maxrss itself, which is what `training.loop.peak_memory_gb` reports on CPU.
 
-It is compared with the *comparable* part of the prediction: model states (parameters + gradients
-+ optimizer) + activations + the loss share of the planner's overhead term (its 8·s·b·V bytes of
-fp32 logits and their gradient). The rest of the overhead term is left out and shown apart: the
-CUDA context (0.5 GB, no such thing on CPU) and DDP's gradient buckets (2·φ; one process runs no
-DDP). The planner's total (overhead included) is reported as it is.
+Both are compared with the *comparable* part of the prediction: model states (parameters +
+gradients + optimizer) + activations + the loss share of the planner's overhead term (8·s·b·V
+bytes of fp32 logits and their gradient). The rest of the overhead term, the CUDA context (0.5 GB;
+nothing of the kind on CPU) and DDP's gradient buckets (2φ; one process runs no DDP), is left out
+of the comparison; the planner's total, overhead included, is shown as it is.
 
-Precision: the planner assumes 16-bit mixed precision (16-bit weights and gradients, Adam's fp32
-master weights, momentum and variance, 16-bit activations). The service trains on CPU in fp32
-(`precision="fp32"`, the only precision CPU jobs use), so the 16-bit terms are converted
+Precision: the planner has no precision setting; it assumes 16-bit mixed precision (16-bit
+weights and gradients, Adam's fp32 master weights, momentum and variance, 16-bit activations).
+The service trains CPU jobs in fp32 (`precision="fp32"`), so the 16-bit terms are converted
 explicitly, term by term, into an *fp32 equivalent* (`FP32_FACTORS`): parameters x2 (4 bytes
 instead of 2), gradients x2, optimizer x2/3 (AdamW on fp32 weights keeps momentum and variance,
-8 bytes, and no separate master copy, 12 bytes in the planner), activations x2, loss buffers x1
-(the planner already counts them in fp32). Both ratios are printed: fp32-equivalent/measured (the
-fair one) and raw 16-bit/measured (what the planner's numbers say as they stand), so the
-conversion is never hidden.
-
-A per-term table isolates three terms from the resident set between phases of the same run:
-weights = RSS after loading - baseline; AdamW states = RSS growth across the first optimizer step;
-forward = largest RSS growth across a forward pass of steps 2.. (the saved activations plus the
-logits and the loss; the optimizer states already exist and the gradients were freed).
+8 bytes, and no separate master copy; the planner counts 12), activations x2, loss buffers x1 (the
+planner counts them in fp32 already). Both ratios are printed: fp32 eq. / measured (the test of
+the formulas) and comparable (16-bit, unconverted) / measured (what the planner's numbers say
+about a CPU job as they stand), so the conversion is never hidden.
 
 GPU: where CUDA is available (and `--device cpu` is not given), the worker moves the loaded model
-to the GPU and measures with `torch.cuda.reset_peak_memory_stats` / `max_memory_allocated`
-(baseline = `memory_allocated` before the move, so 0), the allocator's own numbers; with
-`--precision bf16` it runs under autocast like the DDP strategy and converts with `BF16_FACTORS`.
-On this repository's CPU machines only the CPU path runs.
+to the GPU and reads the CUDA allocator instead: baseline `memory_allocated` before the move,
+`reset_peak_memory_stats`, peak `max_memory_allocated`; the per-term step reads
+`memory_allocated` at the phase boundaries. `--precision bf16` runs under autocast as the DDP
+strategy does and converts with `BF16_FACTORS`. Written, but not run on the CPU machines here.
 
-Runtime: about 4-6 minutes on 2 CPU cores (each row pays ~5 s of imports; the s=1024 rows
-dominate). `--quick` runs 4 rows of 2 steps at s=256 only.
+Runtime: about 5 minutes on 2 idle cores (10 rows; each pays ~10 s of imports, warm-up and
+loading, then 4 steps: ~15 s a row at s=256, 30-45 s at s=1024), two to three times that when
+other jobs share the cores (the section records wall time, CPU time and load average).
+`--quick`: 4 rows at s=256, 2 steps, about 1-2 minutes.
 """
 
 from __future__ import annotations
@@ -74,7 +81,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -93,9 +99,18 @@ GB = 1e9
 MODEL_CONFIG = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
                     num_key_value_heads=8, intermediate_size=1376, vocab_size=8000,
                     tie_word_embeddings=False, attention_dropout=0.0)
-MICRO_BATCH = 4
-SEQ_LENS = (256, 1024)
+#: (sequence length, micro batch)
+SHAPES = ((256, 4), (1024, 4))
 METHODS = (("lora", 8), ("lora", 64), ("full", None))
+#: (method, r, sequence length, checkpointing) left out of the default grid, to keep the run
+#: under 6 minutes on 2 idle cores: r changes only the small adapter terms, which the s=256 rows
+#: show, and the activations do not depend on it.
+SKIPPED = {("lora", 64, 1024, False), ("lora", 64, 1024, True)}
+GRID_NOTE = (
+    "Two rows fewer than the full 12-row grid, to keep the run under 6 minutes on 2 idle cores: "
+    "LoRA r=64 runs at s=256 only (r changes only the small adapter terms, which the s=256 rows "
+    "show; the activations are the same as at r=8), leaving the s=1024 rows, 30-45 s each, to "
+    "LoRA r=8 and full fine-tuning.")
 
 #: Planner bytes (16-bit mixed precision) -> bytes of the run, term by term.
 FP32_FACTORS = {"parameters": 2.0, "gradients": 2.0, "optimizer": 8 / 12, "activations": 2.0,
@@ -113,15 +128,23 @@ class Row:
     r: int | None
     checkpointing: bool
     seq_len: int
+    micro_batch: int
 
     def label(self) -> str:
         return "full" if self.method == "full" else f"LoRA r={self.r}"
 
 
 def grid(quick: bool) -> list[Row]:
-    seq_lens = SEQ_LENS[:1] if quick else SEQ_LENS
-    methods = METHODS[::2] if quick else METHODS
-    return [Row(m, r, gc, s) for s in seq_lens for m, r in methods for gc in (False, True)]
+    if quick:
+        return [Row(m, r, gc, 256, 4) for m, r in METHODS[::2] for gc in (False, True)]
+    return [Row(m, r, gc, s, b) for s, b in SHAPES for m, r in METHODS for gc in (False, True)
+            if (m, r, s, gc) not in SKIPPED]
+
+
+def grid_note(quick: bool) -> str:
+    if quick:
+        return "Quick run (`--quick`): s=256 only, LoRA r=64 left out, 2 steps."
+    return GRID_NOTE
 
 
 # --- the worker: one row, in its own process -----------------------------------------------------
@@ -141,13 +164,35 @@ def _maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def _allocation_curve(prof) -> tuple[list[int], list[int]]:
+    """(times, bytes): the CPU allocator's live bytes after each allocation or free the
+    profiler saw, relative to when it started (what `max_memory_allocated` is on a GPU)."""
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type().name == "CPU")
+    times, live, total = [], [], 0
+    for ns, nbytes in events:
+        total += nbytes
+        times.append(ns)
+        live.append(total)
+    return times, live
+
+
+def _marks(prof) -> dict[str, tuple[int, int]]:
+    """Start and end (ns) of every `bench.*` record_function range."""
+    return {e.name(): (e.start_ns(), e.start_ns() + e.duration_ns())
+            for e in prof.profiler.kineto_results.events() if e.name().startswith("bench.")}
+
+
 def worker(spec: dict) -> dict:
     """Load the model of `spec` through the service's path, train `steps` steps, return memory."""
+    import bisect
+    import contextlib
     import gc
 
     import peft  # noqa: F401 - imported before the baseline: code is not what we measure
     import torch
     import transformers  # noqa: F401
+    from torch.profiler import ProfilerActivity, profile, record_function
     from transformers.models.llama import modeling_llama  # noqa: F401
 
     from training.config import LoraSpec, TrainConfig
@@ -162,30 +207,31 @@ def worker(spec: dict) -> dict:
     def autocast():  # as the DDP strategy does
         return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
-    # Warm-up: initialise the kernels, thread pools and allocator paths on a toy model, so their
-    # one-off memory sits in the baseline and not in the first row's model share.
-    toy = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64)).to(device)
-    toy_opt = torch.optim.AdamW(toy.parameters())
-    x = torch.randint(0, 64, (2, 16), device=device)
-    q = torch.randn(2, 2, 16, 16, device=device, requires_grad=True)
-    with autocast():
-        out = toy(x)
-        att = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-        loss = torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), x.flatten()) + att.sum()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(toy.parameters(), 1.0)
-    toy_opt.step()
-    del toy, toy_opt, x, q, out, att, loss
+    # Warm-up: initialise the kernels, thread pools, allocator paths and the profiler on a toy
+    # model, so that their one-off memory sits in the baseline and not in the row's share.
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) if not use_cuda else \
+            contextlib.nullcontext():
+        toy = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64)).to(device)
+        toy_opt = torch.optim.AdamW(toy.parameters())
+        x = torch.randint(0, 64, (2, 16), device=device)
+        q = torch.randn(2, 2, 16, 16, device=device, requires_grad=True)
+        with autocast():
+            out = toy(x)
+            att = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            loss = torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), x.flatten()) + att.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(toy.parameters(), 1.0)
+        toy_opt.step()
+        del toy, toy_opt, x, q, out, att, loss
     gc.collect()
 
-    def current() -> int:
+    def resident() -> int:
         return torch.cuda.memory_allocated(device) if use_cuda else _vmrss_bytes()
 
     if use_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
-    baseline = current()
-    peak_before = 0 if use_cuda else _maxrss_bytes()
+    baseline = resident()
 
     lora = LoraSpec(r=spec["r"]) if spec["method"] == "lora" else None
     cfg = TrainConfig(
@@ -200,41 +246,94 @@ def worker(spec: dict) -> dict:
         model = model.to(device)
         torch.cuda.synchronize()
     gc.collect()
-    after_load = current()
+    after_load = resident()
     load_peak = torch.cuda.max_memory_allocated(device) if use_cuda else _maxrss_bytes()
     load_s = time.perf_counter() - started
 
     trainable = [p for p in model.parameters() if p.requires_grad]
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     model.train()
     vocab = model.config.vocab_size
     b, s = spec["micro_batch"], spec["seq_len"]
     generator = torch.Generator().manual_seed(cfg.seed)
-    phases = []
-    started = time.perf_counter()
-    for _ in range(spec["steps"]):
+
+    def step(i: int, phase: dict[str, int] | None = None) -> None:
+        """One training step as the DDP strategy runs it on one worker; fills `phase` (GPU)
+        with the allocated bytes at its boundaries."""
+
+        def mark(name: str) -> None:
+            if use_cuda and phase is not None:
+                torch.cuda.synchronize()
+                phase[name] = torch.cuda.memory_allocated(device)
+
         ids = torch.randint(0, vocab, (b, s), generator=generator).to(device)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-        p = {"start": current()}
-        with autocast():
+        mark("start")
+        with record_function(f"bench.forward.{i}"), autocast():
             loss = token_loss_sum(model, batch) / (b * (s - 1))
-        p["forward"] = current()
-        loss.backward()
-        p["backward"] = current()
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm or 1.0)
-        optimizer.step()
-        p["optimizer"] = current()
+        mark("forward")
+        with record_function(f"bench.backward.{i}"):
+            loss.backward()
+        mark("backward")
+        phase_grads.append(sum(p.grad.numel() * p.grad.element_size()
+                               for p in trainable if p.grad is not None))
+        with record_function(f"bench.optimizer.{i}"):
+            torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm or 1.0)
+            optimizer.step()
+        mark("optimizer")
         optimizer.zero_grad(set_to_none=True)
-        del loss, batch, ids
-        p["end"] = current()
-        phases.append(p)
+
+    # 1. The measured run: `steps` steps, nothing else in the process.
+    phase_grads: list[int] = []
+    started = time.perf_counter()
+    for i in range(spec["steps"]):
+        step(i)
     if use_cuda:
         torch.cuda.synchronize()
     train_s = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated(device) if use_cuda else _maxrss_bytes()
+    status = {}
+    if not use_cuda:
+        with open("/proc/self/status") as fh:
+            status = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in fh)
+                      if k in ("VmRSS", "RssAnon", "RssFile")}
+    optimizer_bytes = sum(v.numel() * v.element_size() for state in optimizer.state.values()
+                          for v in state.values() if torch.is_tensor(v))
+
+    # 2. One more step, split by phase: read from the CUDA allocator, or on CPU from the
+    # profiler's record of every allocation and free (its event buffers inflate the resident
+    # set, which is why it runs only after the peak above was read).
+    phase: dict[str, int] = {}
+    if use_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        step(spec["steps"], phase)
+        phase["step_peak"] = torch.cuda.max_memory_allocated(device)
+        tensor_peak = peak - baseline
+    elif spec.get("profile", True):
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step(spec["steps"])
+        times, live = _allocation_curve(prof)
+        marks = _marks(prof)
+        i = spec["steps"]
+
+        def at(ns: int) -> int:  # live bytes just before `ns`, relative to the profiler's start
+            k = bisect.bisect_left(times, ns)
+            return live[k - 1] if k else 0
+
+        first, last = marks[f"bench.forward.{i}"][0], marks[f"bench.optimizer.{i}"][1]
+        phase = {"start": at(first), "forward": at(marks[f"bench.forward.{i}"][1]),
+                 "backward": at(marks[f"bench.backward.{i}"][1]),
+                 "step_peak": max(live[bisect.bisect_left(times, first):bisect.bisect_left(times, last)],
+                                  default=0)}
+        # Before the curve: the weights (mostly mapped from the file) and the AdamW states.
+        tensor_peak = weight_bytes + optimizer_bytes + phase["step_peak"] - phase["start"]
+    else:
+        tensor_peak = 0
     return {
-        "baseline": baseline, "peak_before_load": peak_before, "after_load": after_load,
-        "load_peak": load_peak, "peak": peak, "phases": phases,
+        "baseline": baseline, "after_load": after_load, "load_peak": load_peak, "peak": peak,
+        "tensor_peak": tensor_peak, "weight_bytes": weight_bytes, "optimizer_bytes": optimizer_bytes,
+        "grad_bytes": max(phase_grads), "phase": phase, "status_after": status,
         "total_parameters": sum(p.numel() for p in model.parameters()),
         "trainable_parameters": sum(p.numel() for p in trainable),
         "load_s": load_s, "train_s": train_s, "memory": "cuda allocator" if use_cuda else "RSS",
@@ -283,17 +382,21 @@ def build_model(directory: Path, max_seq_len: int) -> None:
 def predict(model_dir: Path, row: Row) -> dict[str, float]:
     """The planner's terms for `row` in GB, plus the loss share of its overhead."""
     from service.planner import Configuration, PlanSpec, architecture_from_config, estimate_memory
+    from service.planner.memory import layer_activation_bytes
 
     arch = architecture_from_config(model_dir, name="bench-llama")
     extra = {"lora_r": row.r, "lora_targets": "all-linear"} if row.method == "lora" else {}
-    spec = PlanSpec(arch, method=row.method, seq_len=row.seq_len, micro_batch=MICRO_BATCH, gpus=1,
-                    **extra)
+    spec = PlanSpec(arch, method=row.method, seq_len=row.seq_len, micro_batch=row.micro_batch,
+                    gpus=1, **extra)
     config = Configuration("ddp", gradient_checkpointing=row.checkpointing, attention="sdpa")
     est = estimate_memory(spec, config)
-    loss = spec.overheads.logits_bytes * row.seq_len * MICRO_BATCH * arch.vocab_size / GB
+    loss = spec.overheads.logits_bytes * row.seq_len * row.micro_batch * arch.vocab_size / GB
     return {"parameters": est.parameters, "gradients": est.gradients, "optimizer": est.optimizer,
             "activations": est.activations, "overhead": est.overhead, "total": est.total,
-            "loss": loss, "theta": arch.parameters, "phi": spec.trainable_parameters}
+            "loss": loss, "theta": arch.parameters, "phi": spec.trainable_parameters,
+            "vocab": arch.vocab_size,
+            # with checkpointing, the one recomputed layer the activation term adds
+            "layer": layer_activation_bytes(spec, config.attention) / GB if row.checkpointing else 0.0}
 
 
 def comparable(pred: dict[str, float], factors: dict[str, float]) -> float:
@@ -303,7 +406,7 @@ def comparable(pred: dict[str, float], factors: dict[str, float]) -> float:
 
 def run_row(row: Row, model_dir: Path, args: argparse.Namespace, device: str) -> dict:
     spec = {"model_path": str(model_dir), "method": row.method, "r": row.r,
-            "checkpointing": row.checkpointing, "seq_len": row.seq_len, "micro_batch": MICRO_BATCH,
+            "checkpointing": row.checkpointing, "seq_len": row.seq_len, "micro_batch": row.micro_batch,
             "steps": args.steps, "threads": args.threads, "device": device,
             "precision": args.precision}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -318,95 +421,157 @@ def g(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
+def measures(pred: dict[str, float], m: dict, f: dict[str, float], row: Row) -> dict[str, float]:
+    """The per-row figures of both tables, GB (NaN where the phase step did not run)."""
+    ph = m["phase"]
+    nan = float("nan")
+    # cross_entropy saves its fp32 log-softmax of the b·(s-1) shifted logits for backward
+    log_softmax = 4 * row.micro_batch * (row.seq_len - 1) * pred["vocab"] / GB
+    rel = {k: (v - ph["start"]) / GB for k, v in ph.items()} if ph else {}
+    return {
+        "c16": comparable(pred, {k: 1.0 for k in f}),
+        "c32": comparable(pred, f),
+        "rss": (m["peak"] - m["baseline"]) / GB,
+        "tensors": m["tensor_peak"] / GB if ph else nan,
+        "process": m["peak"] / GB,
+        # what a forward keeps: with checkpointing, the planner's activations less its one
+        # recomputed layer (that one lives in backward and is in the step peak)
+        "act_pred": (pred["activations"] - pred["layer"]) * f["activations"],
+        "act_meas": rel["forward"] - log_softmax if ph else nan,
+        "grad_pred": pred["gradients"] * f["gradients"],
+        "grad_meas": rel["backward"] if ph else m["grad_bytes"] / GB,
+        "adam_pred": pred["optimizer"] * f["optimizer"],
+        "adam_meas": m["optimizer_bytes"] / GB,
+        "step_pred": (pred["gradients"] * f["gradients"] + pred["activations"] * f["activations"]
+                      + pred["loss"] * f["loss"]),
+        "step_meas": rel["step_peak"] if ph else nan,
+        "rss_load": (m["after_load"] - m["baseline"]) / GB,
+    }
+
+
 def render(info: dict[str, str], rows: list[tuple[Row, dict, dict]], args: argparse.Namespace,
-           device: str, elapsed: float, theta: int) -> str:
+           device: str, elapsed: float, cpu_s: float, load: tuple[float, float], theta: int,
+           note: str) -> str:
     f = FACTORS[args.precision]
-    where = "GPU, CUDA allocator" if device == "cuda" else "CPU, resident set"
+    cuda = device == "cuda"
+    onoff = {False: "off", True: "on"}
     lines = [
         SECTION, "",
         f"Written by `bench/memory.py` (`make bench`) on {time.strftime('%Y-%m-%d %H:%M %Z')}; "
-        f"whole run {elapsed:.0f} s. How it measures, and what, is in the script's docstring.", "",
+        f"whole run {elapsed:.0f} s wall, {cpu_s:.0f} s CPU in the row processes, load average "
+        f"{load[0]:.1f} at the start and {load[1]:.1f} at the end (the cores are shared: wall time "
+        "stretches with the load, the CPU time does not). The script's docstring says how it "
+        "measures, and what.", "",
         "Machine: " + "; ".join(f"{k} {v}" for k, v in info.items()) + ".", "",
-        f"Model: Llama from config, hidden {MODEL_CONFIG['hidden_size']}, "
+        f"Model: Llama built from a config, hidden {MODEL_CONFIG['hidden_size']}, "
         f"{MODEL_CONFIG['num_hidden_layers']} layers, {MODEL_CONFIG['num_attention_heads']} heads, "
-        f"intermediate {MODEL_CONFIG['intermediate_size']}, vocabulary {MODEL_CONFIG['vocab_size']}: "
+        f"intermediate {MODEL_CONFIG['intermediate_size']}, vocabulary {MODEL_CONFIG['vocab_size']}, "
         f"θ = {theta / 1e6:.2f}M parameters, saved with `save_pretrained` and loaded with "
-        f"`load_trainable_model` ({args.precision} weights, sdpa attention). Micro batch "
-        f"{MICRO_BATCH}, {args.steps} training steps (AdamW, clipping at 1.0), one worker, "
-        f"{where}, {args.threads} threads. LoRA: all-linear, alpha 16, dropout 0.05 (the "
-        "service's defaults).", "",
-        "Units: GB = 10^9 bytes. Planner terms are as `estimate_memory` returns them (16-bit mixed "
-        "precision, `ddp`, one GPU). *Comparable* = parameters + gradients + optimizer + "
-        "activations + loss buffers (8·s·b·V, the share of the overhead term that exists here); "
-        "the rest of the overhead (0.5 GB CUDA context, 2φ DDP buckets) has no counterpart in "
-        "one CPU process and is left out of it. *fp32 eq.* converts the comparable terms to "
-        f"this run's {args.precision} training: parameters ×{f['parameters']:g}, gradients "
-        f"×{f['gradients']:g}, optimizer ×{f['optimizer']:.3g} (AdamW's 8 bytes against the "
-        f"planner's 12), activations ×{f['activations']:g}, loss ×{f['loss']:g}. *Measured* = "
-        "peak − baseline (" + ("max_memory_allocated − memory_allocated before the model"
-                              if device == "cuda" else
-                              "ru_maxrss − VmRSS after imports and warm-up, before the model") +
-        "), in a fresh process per row.", "",
-        "| method | GC | s | φ trainable | params | grads | optim | activ | overhead | planner "
-        "total | comparable 16-bit | fp32 eq. | measured | fp32 eq. / measured | 16-bit / "
-        "measured |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"`load_trainable_model` ({args.precision}, sdpa attention). {args.steps} training steps "
+        f"per row (AdamW, clipping at 1.0) on one worker, {'the GPU' if cuda else 'the CPU'} with "
+        f"{args.threads} threads, each row in a fresh process. LoRA: all-linear, alpha 16, dropout "
+        "0.05 (the service's defaults). " + note, "",
+        "Units: GB = 10^9 bytes. The planner's terms are as `estimate_memory` gives them (16-bit "
+        "mixed precision; strategy `ddp`, one GPU, sdpa). *Comparable* = parameters + gradients "
+        "+ optimizer + activations + the loss buffers (8·s·b·V bytes, the one part of the "
+        "overhead term that exists here); the rest of the overhead (0.5 GB CUDA context, 2φ of "
+        "DDP buckets) has no counterpart in one CPU process and is left out of it. *fp32 eq.* "
+        f"converts the comparable terms to this run's {args.precision} training: parameters "
+        f"×{f['parameters']:g}, gradients ×{f['gradients']:g}, optimizer ×{f['optimizer']:.3g} "
+        f"(AdamW keeps 8 bytes per fp32 weight, the planner counts 12), activations "
+        f"×{f['activations']:g}, loss ×{f['loss']:g}. *Measured* = "
+        + ("the CUDA allocator's peak − its bytes before the model" if cuda else
+           "peak resident set (`ru_maxrss`) − resident set (VmRSS) after imports and warm-up, "
+           "before the model") + ". *Tensors* = "
+        + ("the same (the allocator counts tensors only)" if cuda else
+           "weights + AdamW states + the highest point of the profiled step's live bytes above "
+           "its start: tensors only, without what malloc keeps after frees")
+        + ". *Process peak* = `ru_maxrss` itself, what the training loop reports as "
+        "`peak_memory_gb` on CPU, against which the service sets the planner total.", "",
+        "| method | GC | s × b | φ | params | grads | optim | activ | overhead | planner total | "
+        "comparable | fp32 eq. | measured | **fp32 eq. / measured** | comparable / measured | "
+        "tensors | fp32 eq. / tensors | process peak | planner total / process peak |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    stats = []
     for row, pred, m in rows:
-        measured = (m["peak"] - m["baseline"]) / GB
-        c16, c32 = comparable(pred, {k: 1.0 for k in f}), comparable(pred, f)
+        x = measures(pred, m, f, row)
+        stats.append((row, x, m))
         lines.append(
-            f"| {row.label()} | {'on' if row.checkpointing else 'off'} | {row.seq_len} | "
+            f"| {row.label()} | {onoff[row.checkpointing]} | {row.seq_len} × {row.micro_batch} | "
             f"{m['trainable_parameters'] / 1e6:.2f}M | {g(pred['parameters'])} | "
             f"{g(pred['gradients'])} | {g(pred['optimizer'])} | {g(pred['activations'])} | "
-            f"{g(pred['overhead'])} | {g(pred['total'])} | {g(c16)} | {g(c32)} | {g(measured)} | "
-            f"{c32 / measured:.2f} | {c16 / measured:.2f} |")
+            f"{g(pred['overhead'])} | {g(pred['total'])} | {g(x['c16'])} | {g(x['c32'])} | "
+            f"{g(x['rss'])} | **{x['c32'] / x['rss']:.2f}** | {x['c16'] / x['rss']:.2f} | "
+            f"{g(x['tensors'])} | {x['c32'] / x['tensors']:.2f} | {g(x['process'])} | "
+            f"{pred['total'] / x['process']:.2f} |")
     lines += [
         "",
         "### Per term",
         "",
-        "The same runs, split by phase (differences of the "
-        + ("allocated bytes" if device == "cuda" else "resident set") + " between points of one "
-        "run; fp32-equivalent predictions). *Weights*: after loading − baseline, against "
-        "parameters ×2 (fp32 θ plus LoRA's φ). *AdamW*: growth across the first optimizer step, "
-        "against optimizer ×2/3 (8φ). *Forward*: the largest growth across a forward pass after "
-        "the first step (saved activations, logits, loss), against activations ×2 + loss "
-        "buffers. *Load peak*: the peak while loading, before training.",
+        "One more step after the measured ones (optimizer states exist, gradients were freed), "
+        "read from the " + ("CUDA allocator" if cuda else "profiler's record of every allocation "
+        "and free (it runs after the peak was read: its event buffers inflate the resident set)")
+        + " at the boundaries of its phases; predictions converted as above. *Activations*: "
+        "growth across the forward pass, less the log-softmax that cross-entropy saves "
+        "(4·b·(s−1)·V bytes), against activations ×2; with checkpointing the forward keeps only "
+        "the layer inputs, so the planner's one recomputed layer is taken out of the prediction "
+        "here (it lives in backward, and is in the step peak). "
+        "*Gradients*: live bytes after backward − before forward. *AdamW*: bytes of the "
+        "optimizer's state tensors. *Step peak*: the step's highest point above its start "
+        "(gradients, activations, loss buffers and temporaries together), against gradients + "
+        "activations + loss. *RSS after load*: resident set after `load_trainable_model` − "
+        "baseline.",
         "",
-        "| method | GC | s | weights pred. | weights meas. | AdamW pred. | AdamW meas. | forward "
-        "pred. | forward meas. | forward pred./meas. | load peak − baseline | peak − after load | "
-        "load s | train s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | GC | s × b | activ. pred. | activ. meas. | pred. / meas. | grads pred. | grads "
+        "meas. | AdamW pred. | AdamW meas. | step peak pred. | step peak meas. | pred. / meas. | "
+        "RSS after load | load s | train s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for row, pred, m in rows:
-        ph = m["phases"]
-        weights = (m["after_load"] - m["baseline"]) / GB
-        adam = (ph[0]["optimizer"] - ph[0]["backward"]) / GB
-        later = ph[1:] or ph
-        forward = max(p["forward"] - p["start"] for p in later) / GB
-        fwd_pred = pred["activations"] * f["activations"] + pred["loss"] * f["loss"]
+    for row, x, m in stats:
         lines.append(
-            f"| {row.label()} | {'on' if row.checkpointing else 'off'} | {row.seq_len} | "
-            f"{g(pred['parameters'] * f['parameters'])} | {g(weights)} | "
-            f"{g(pred['optimizer'] * f['optimizer'])} | {g(adam)} | {g(fwd_pred)} | {g(forward)} | "
-            f"{fwd_pred / forward:.2f} | {g((m['load_peak'] - m['baseline']) / GB)} | "
-            f"{g((m['peak'] - m['after_load']) / GB)} | {m['load_s']:.1f} | {m['train_s']:.1f} |")
-    lines += ["", "### Reading the ratios", "", READING.strip(), ""]
+            f"| {row.label()} | {onoff[row.checkpointing]} | {row.seq_len} × {row.micro_batch} | "
+            f"{g(x['act_pred'])} | {g(x['act_meas'])} | {x['act_pred'] / x['act_meas']:.2f} | "
+            f"{g(x['grad_pred'])} | {g(x['grad_meas'])} | {g(x['adam_pred'])} | "
+            f"{g(x['adam_meas'])} | {g(x['step_pred'])} | {g(x['step_meas'])} | "
+            f"{x['step_pred'] / x['step_meas']:.2f} | {g(x['rss_load'])} | {m['load_s']:.1f} | "
+            f"{m['train_s']:.1f} |")
+    ratios = [x["c32"] / x["rss"] for _, x, _ in stats]
+    tensor_ratios = [x["c32"] / x["tensors"] for _, x, _ in stats]
+    kept = [x["rss"] - x["tensors"] for _, x, _ in stats]
+    baselines = [m["baseline"] / GB for _, _, m in stats]
+    worst = stats[kept.index(max(kept))][0]
+    lines += ["", "### Reading the ratios", "",
+              f"Over these rows fp32 eq. / measured runs from {min(ratios):.2f} to "
+              f"{max(ratios):.2f} and fp32 eq. / tensors from {min(tensor_ratios):.2f} to "
+              f"{max(tensor_ratios):.2f}; measured − tensors (what malloc keeps) is "
+              f"{min(kept):.2f}–{max(kept):.2f} GB (the most for {worst.label()}, checkpointing "
+              f"{onoff[worst.checkpointing]}, s={worst.seq_len}), and the process before the model "
+              f"{min(baselines):.2f}–{max(baselines):.2f} GB. " + " ".join(READING.split()), ""]
     return "\n".join(lines)
 
 
 READING = """
-A ratio above 1 means the planner over-predicts this run (safe: it refuses or adds optimizations a
-job would not need), below 1 that it under-predicts (a job it admits could run out of memory). The
-fp32-equivalent ratio is the test of the planner's formulas; the 16-bit ratio is what its numbers
-say about a CPU job as they stand. The planner's full-fine-tuning model states are 16θ bytes either
-way (2+2+12 in mixed precision, 4+4+8 in fp32), so for full fine-tuning the two columns differ only
-by the activation and LoRA-weight terms. The per-term table says which term a miss comes from:
-weights and AdamW states are close to exact; the forward (activations) term is where the formula
-(Korthikanti et al.'s GPT layer with 4h MLP and dropout, 16-bit) and this model (SwiGLU MLP with
-intermediate 2.69h, LoRA dropout on every adapted input, sdpa's fused CPU kernel without the
-quadratic scores, fp32 logits copied by the loss) part ways. Measured resident set also keeps what
-malloc does not return after frees, so a measured figure is an upper bound on live tensors.
+A ratio above 1 means the planner over-predicts this run (on a GPU it would refuse jobs that fit,
+or switch on optimizations they do not need), below 1 that it under-predicts (it would admit a job
+that runs out of memory). fp32 eq. / measured tests the formulas against the process; comparable /
+measured is what the planner's 16-bit numbers say about a CPU job as they stand; fp32 eq. / tensors
+leaves malloc out. The per-term table says where a miss comes from. Gradients and AdamW states are
+byte counts and agree once converted (AdamW over fp32 weights keeps 8φ, not the planner's 12φ).
+The activation term is off, in both directions. It has no LoRA part: PEFT applies its dropout
+(0.05 by default) to the input of every adapted linear, each a fresh copy saved with its mask, so
+a LoRA layer keeps about half as much again as a fully fine-tuned one and the planner
+under-predicts LoRA at short sequences. Its quadratic 5·a·s/h part counts attention scores that
+sdpa's fused CPU kernel never stores: from s=256 to s=1024 the measured activations grow 4x, in
+step with the tokens, while the prediction grows 8.4x, so it over-predicts long sequences (the
+planner counts sdpa like eager on GPUs too, where the flash and memory-efficient sdpa kernels do
+not store the scores either), and the one layer it adds for checkpointing carries the same
+quadratic part. With checkpointing the forward keeps the L layer inputs the planner models, plus
+the embeddings' output and the rotary tables. Outside the tensors, the resident set holds what glibc malloc keeps of freed memory,
+which no planner term covers on CPU, and the process itself (interpreter, torch, Ray's imports)
+holds the baseline: planner total / process peak compares the prediction with what a CPU job
+reports as `peak_memory_gb`, and it comes out below 1 because CPU jobs train in fp32 while the
+planner assumes 16-bit mixed precision.
 """
 
 
@@ -455,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steps = min(args.steps, 2)
     rows = grid(args.quick)
     started = time.perf_counter()
+    load_start = os.getloadavg()[0]
     info = machine()
     results = []
     with tempfile.TemporaryDirectory(prefix="eft-bench-memory-") as tmp:
@@ -477,7 +643,12 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
             results.append((row, pred, m))
         theta = int(results[0][1]["theta"])
-    section = render(info, results, args, device, time.perf_counter() - started, theta)
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    section = render(info, results, args, device, time.perf_counter() - started,
+                     children.ru_utime + children.ru_stime, (load_start, os.getloadavg()[0]), theta,
+                     grid_note(args.quick))
     replace_section(args.output, section)
     print(section)
     print(f"\nwrote {args.output}", file=sys.stderr)
