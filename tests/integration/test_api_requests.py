@@ -4,26 +4,10 @@ nothing is stored for it; good input creates a `validating` job."""
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 
-from api.app import create_app
-from service.jobs import JobService
-from service.launcher import RayJobsLauncher
-from service.settings import get_settings
-from service.store import Store
 
 pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-
-
-@pytest.fixture
-def client(eft_home):
-    settings = get_settings()
-    store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
-    with TestClient(app) as c:
-        yield c
-    store.close()
 
 
 @pytest.fixture
@@ -206,7 +190,6 @@ def test_incompatible_optimizations_are_named(client, data):
 
 
 def test_forced_options_are_kept_and_auto_is_planned(client, data):
-    from service.jobs import JobService  # noqa: F401 - the app's service resolves the plan
     from service.validation import check_request
     from api.models import JobCreate
 

@@ -9,31 +9,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
-from api.app import create_app
 from api.models import PlanRequest
 from eft.cli import plan_locally
-from service.jobs import JobService
-from service.launcher import RayJobsLauncher
 from service.settings import get_settings
-from service.store import Store
 
 pytestmark = pytest.mark.integration
 TINY = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-llama"
 STUDY_EXAMPLE = {"model": "llama-2-70b", "method": {"type": "lora"},
                  "hyperparameters": {"max_seq_len": 4096, "micro_batch_size": 1},
                  "cluster": {"gpus": 8, "gpu_memory_gb": 32}}
-
-
-@pytest.fixture
-def client(eft_home):
-    settings = get_settings()
-    store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
-    with TestClient(app) as c:
-        yield c
-    store.close()
 
 
 def _problems(response) -> dict[str, str]:

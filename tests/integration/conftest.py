@@ -1,0 +1,21 @@
+"""Fixtures of the integration tests: the real FastAPI app over a real SQLite store."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from service.jobs import JobService
+from service.launcher import RayJobsLauncher
+from service.settings import get_settings
+from service.store import Store
+
+
+@pytest.fixture
+def client(eft_home):
+    """The service's app with its own store under a fresh EFT_HOME (no Ray is contacted)."""
+    settings = get_settings()
+    store = Store(settings.resolved_database_url)
+    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    with TestClient(app) as c:
+        yield c
+    store.close()
