@@ -37,7 +37,6 @@ from api.models import (
     JobCreate,
     JobEventList,
     JobList,
-    JobMetric,
     JobMetricList,
     JobStatus,
     Plan,

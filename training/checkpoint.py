@@ -46,7 +46,7 @@ def save(directory: Path, strategy: Any, rank: int, step: int, metrics: dict[str
     return trainable
 
 
-def _own_or_first(directory: Path, stem: str, rank: int) -> Path | None:
+def _own_file(directory: Path, stem: str, rank: int) -> Path | None:
     own = directory / _rank_file(stem, rank)
     return own if own.exists() else None
 
@@ -57,13 +57,13 @@ def restore(directory: Path, strategy: Any, rank: int) -> int:
     Raises FileNotFoundError when a sharded strategy finds no optimizer shard for this rank
     (the checkpoint was written at another world size)."""
     strategy.load_trainable_state(load_file(str(directory / TRAINABLE_FILE)))
-    optimizer_file = _own_or_first(directory, "optimizer", rank)
+    optimizer_file = _own_file(directory, "optimizer", rank)
     if optimizer_file is None and strategy.name == "ddp":
         optimizer_file = directory / _rank_file("optimizer", 0)  # identical on every DDP rank
     if optimizer_file is None:
         raise FileNotFoundError(f"no optimizer shard for rank {rank} in {directory}")
     strategy.load_optimizer_state(torch.load(optimizer_file, weights_only=False))
-    rng_file = _own_or_first(directory, "rng", rank)
+    rng_file = _own_file(directory, "rng", rank)
     if rng_file is not None:
         rng = torch.load(rng_file, weights_only=False)
         random.setstate(rng["python"])
