@@ -112,6 +112,24 @@ class Scaling(_Request):
     )
     use_gpu: bool = Field(False, description="One GPU per worker when true.")
     cpus_per_worker: float = Field(1.0, gt=0, le=512)
+    resources: dict[str, float] = Field(
+        default_factory=dict, max_length=16,
+        description="Extra Ray resources each worker needs, e.g. {\"spot\": 1} to run only on "
+        "nodes that advertise a `spot` resource.",
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources_only(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in ("CPU", "GPU", "memory") or not name or len(name) > 64:
+                raise ValueError(
+                    f"resource name {name!r} is not a custom resource: use cpus_per_worker and "
+                    "use_gpu for CPU and GPU, and a name of 1 to 64 characters otherwise"
+                )
+            if not 0 < amount <= 1e6:
+                raise ValueError(f"resource {name!r} needs an amount in (0, 1e6], got {amount}")
+        return value
 
     @field_validator("max_workers")
     @classmethod
@@ -132,6 +150,19 @@ class Scaling(_Request):
 class CheckpointPolicy(_Request):
     every_steps: int = Field(50, ge=1, description="Save a checkpoint every this many steps.")
     keep: int = Field(2, ge=1, le=100, description="How many recent checkpoints to retain.")
+    every_seconds: float | None = Field(
+        None, ge=10, le=86_400,
+        description="Also save when this many seconds have passed since the last checkpoint.",
+    )
+
+
+class Recovery(_Request):
+    """What the job rides out. Node preemptions (a drained or reclaimed spot node) always resume
+    from a checkpoint taken when the notice arrives; other platform failures (a worker or node
+    lost, the job's driver gone) restart from the latest checkpoint up to `max_restarts` times.
+    User errors (bad data, a NaN loss, out of memory) fail at once."""
+
+    max_restarts: int = Field(3, ge=0, le=100, description="Restarts after platform failures.")
 
 
 Strategy = Literal["auto", "ddp", "fsdp", "zero1", "zero2", "zero3"]
@@ -174,6 +205,7 @@ class JobCreate(_Request):
     scaling: Scaling = Field(default_factory=Scaling)
     strategy: Strategy = "auto"
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    recovery: Recovery = Field(default_factory=Recovery)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     name: str | None = Field(None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
@@ -202,6 +234,7 @@ class Job(_Response):
     scaling: Scaling
     strategy: Strategy
     checkpoint: CheckpointPolicy
+    recovery: Recovery = Field(default_factory=Recovery)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     name: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
@@ -215,6 +248,12 @@ class Job(_Response):
     error: JobError | None = None
     artifact_path: str | None = None
     ray_submission_id: str | None = None
+    restarts: int = Field(0, description="Worker-group restarts after platform failures.")
+    preemptions: int = Field(0, description="Node preemptions (drains) the job rode out.")
+    resizes: int = Field(0, description="Elastic changes of the number of workers.")
+    lost_steps: int = Field(
+        0, description="Optimizer steps trained again because they came after the last checkpoint."
+    )
     resolved: dict[str, Any] | None = Field(
         None, description="The configuration the job runs with once validated: strategy, offload, "
         "gradient_checkpointing, attention, precision and the planner's predicted_memory_gb."

@@ -44,6 +44,8 @@ def to_wire(job: JobRecord) -> Job:
         attempt=job.attempt, num_workers=job.num_workers, step=job.step,
         total_steps=job.total_steps, error=error, artifact_path=job.artifact_path,
         ray_submission_id=job.submission_id, result_metrics=job.result_metrics or {},
+        restarts=job.restarts, preemptions=job.preemptions, resizes=job.resizes,
+        lost_steps=job.lost_steps,
         resolved={k: job.config[k] for k in RESOLVED_KEYS if k in job.config} if job.config else None,
     )
 

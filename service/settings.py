@@ -60,6 +60,17 @@ class Settings(BaseSettings):
     max_running_jobs: int = Field(4, ge=1, description="Jobs dispatched at once, cluster-wide.")
     max_running_jobs_per_tenant: int = Field(2, ge=1)
     scheduler_interval_s: float = Field(1.0, gt=0)
+    # Recovery and elasticity (passed on to every job's driver).
+    resize_interval_s: float = Field(
+        30.0, ge=1, description="How often a running elastic job looks for room to grow."
+    )
+    preemption_poll_interval_s: float = Field(
+        2.0, gt=0, description="How often Ray Train looks for drained (preempted) nodes."
+    )
+    worker_start_timeout_s: float = Field(
+        30.0, ge=5, description="How long a worker group may take to start before it is retried "
+        "(a node that just left can still look free for a while)."
+    )
     max_validation_errors: int = Field(20, ge=1, description="Problems listed per dataset.")
     max_dataset_bytes: int = Field(2 * 1024**3, ge=1)
 
@@ -94,6 +105,12 @@ class Settings(BaseSettings):
             "EFT_DATABASE_URL": self.resolved_database_url,
             "EFT_CHECKPOINT_ROOT": self.resolved_checkpoint_root,
             "EFT_ARTIFACT_ROOT": str(self.resolved_artifact_root),
+            "EFT_RESIZE_INTERVAL_S": str(self.resize_interval_s),
+            "EFT_PREEMPTION_POLL_INTERVAL_S": str(self.preemption_poll_interval_s),
+            "EFT_WORKER_START_TIMEOUT_S": str(self.worker_start_timeout_s),
+            # Ray Train reads these in the driver and hands them to its controller and workers.
+            "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.preemption_poll_interval_s),
+            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(self.worker_start_timeout_s),
         }
         return env
 

@@ -44,6 +44,12 @@ jobs = sa.Table(
     sa.Column("error_param", sa.String(256)),
     sa.Column("artifact_path", sa.Text),
     sa.Column("result_metrics", sa.JSON),
+    # Recovery counters: worker-group restarts after failures, node preemptions, elastic
+    # resizes, and optimizer steps trained twice because they came after the last checkpoint.
+    sa.Column("restarts", sa.Integer, nullable=False, default=0),
+    sa.Column("preemptions", sa.Integer, nullable=False, default=0),
+    sa.Column("resizes", sa.Integer, nullable=False, default=0),
+    sa.Column("lost_steps", sa.Integer, nullable=False, default=0),
     sa.Column("idempotency_key", sa.String(256)),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
@@ -85,6 +91,10 @@ checkpoints = sa.Table(
     sa.Column("step", sa.Integer, nullable=False),
     sa.Column("path", sa.Text, nullable=False),
     sa.Column("metrics", sa.JSON, nullable=False),
+    sa.Column("world_size", sa.Integer),
+    sa.Column("reason", sa.String(32)),
+    sa.Column("size_bytes", sa.BigInteger),
+    sa.Column("save_seconds", sa.Float),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
 
@@ -123,6 +133,10 @@ class JobRecord:
     error_param: str | None
     artifact_path: str | None
     result_metrics: dict[str, Any] | None
+    restarts: int
+    preemptions: int
+    resizes: int
+    lost_steps: int
     idempotency_key: str | None
     created_at: datetime
     updated_at: datetime
@@ -133,6 +147,8 @@ class JobRecord:
     def from_row(cls, row: sa.Row) -> JobRecord:
         values = {f.name: getattr(row, f.name) for f in fields(cls)}
         values["status"] = JobStatus(values["status"])
+        for key in ("restarts", "preemptions", "resizes", "lost_steps"):
+            values[key] = values[key] or 0
         for key in ("created_at", "updated_at", "started_at", "finished_at"):
             values[key] = _aware(values[key])
         return cls(**values)
@@ -326,6 +342,14 @@ class Store:
             result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
         return result.rowcount == 1
 
+    def add_counts(self, job_id: str, **deltas: int) -> None:
+        """Add to the recovery counters (restarts, preemptions, resizes, lost_steps)."""
+        values = {name: getattr(jobs.c, name) + int(delta) for name, delta in deltas.items() if delta}
+        if not values:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(jobs.update().where(jobs.c.id == job_id).values(updated_at=utcnow(), **values))
+
     # --- events, metrics, checkpoints --------------------------------------------------------
 
     def _insert_event(self, conn, job_id, attempt, type_, level, message, data) -> None:  # noqa: ANN001
@@ -396,21 +420,28 @@ class Store:
         return [by_step[s] for s in sorted(by_step)]
 
     def record_checkpoint(
-        self, job_id: str, attempt: int, step: int, path: str, metrics: dict[str, Any]
+        self, job_id: str, attempt: int, step: int, path: str, metrics: dict[str, Any], *,
+        world_size: int | None = None, reason: str | None = None, size_bytes: int | None = None,
+        save_seconds: float | None = None,
     ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 checkpoints.insert().values(
                     job_id=job_id, attempt=attempt, step=step, path=path, metrics=metrics,
-                    created_at=utcnow(),
+                    world_size=world_size, reason=reason, size_bytes=size_bytes,
+                    save_seconds=save_seconds, created_at=utcnow(),
                 )
             )
 
     def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        """Every checkpoint the job saved, oldest first; `available` tells whether its
+        directory is still there (older ones are pruned to the job's `checkpoint.keep`)."""
         query = checkpoints.select().where(checkpoints.c.job_id == job_id).order_by(checkpoints.c.id)
         with self.engine.connect() as conn:
             return [
                 {"step": r.step, "attempt": r.attempt, "path": r.path, "metrics": r.metrics,
+                 "world_size": r.world_size, "reason": r.reason, "size_bytes": r.size_bytes,
+                 "save_seconds": r.save_seconds, "available": Path(r.path).exists(),
                  "created_at": _aware(r.created_at)}
                 for r in conn.execute(query).all()
             ]

@@ -49,9 +49,15 @@ class TrainConfig:
     max_workers: int = 1
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
+    #: Extra Ray resources per worker (e.g. {"spot": 1} to place workers on spot nodes only).
+    resources_per_worker: dict[str, float] = dataclasses.field(default_factory=dict)
     strategy: str = "ddp"
     checkpoint_every_steps: int = 50
     checkpoint_keep: int = 2
+    #: Also checkpoint when this many seconds have passed since the last one (None: steps only).
+    checkpoint_every_seconds: float | None = None
+    #: Restarts after platform failures (worker or node lost); preemptions are not counted.
+    max_restarts: int = 3
     checkpoint_root: str = ""
     artifact_root: str = ""
     base_model_name: str = ""

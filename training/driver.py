@@ -1,5 +1,11 @@
 """The Ray Job entrypoint of one job attempt: runs a TorchTrainer and records the outcome.
 
+Ray Train supplies the recovery machinery (restarts from the latest checkpoint, elastic
+resizes, preemption notices); the driver adds the job's policy and bookkeeping through the
+extension points Ray Train's controller offers: a failure policy that never retries user
+errors, and callbacks in `RunConfig(callbacks=...)` that record checkpoints and the
+controller's state changes (restarted, resized, preempted) in the job store.
+
 Run by the service's launcher as
     python -m training.driver --job-id ftjob-... --attempt N
 with the service's `EFT_*` settings in the environment. The driver and the Train controller
@@ -23,7 +29,19 @@ from api.models import JobStatus
 from service.errors import Conflict
 from service.settings import get_settings
 from service.store import Store
+from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.execution.controller.state import (
+    PreemptingState,
+    ReschedulingState,
+    ResizingState,
+    RestartingState,
+    SchedulingState,
+)
+from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
+from ray.train.v2.api.exceptions import PreemptionError
+
 from training import artifacts
+from training import checkpoint as ckpt
 from training.config import TrainConfig
 from training.errors import find_user_error
 from training.loop import train_loop_per_worker
@@ -32,10 +50,8 @@ from training.progress import ProgressSink
 log = logging.getLogger("eft.driver")
 
 
-class StoreCheckpoints(ray.train.UserCallback):
-    """Records every checkpoint Ray Train has persisted. Runs in the Train controller, so the
-    store is opened lazily there rather than pickled. (Per-step metrics take another path:
-    training/progress.py.)"""
+class _LazyStore:
+    """Callbacks run in the Train controller: the store is opened there, not pickled."""
 
     def __init__(self, database_url: str, job_id: str, attempt: int):
         self.database_url, self.job_id, self.attempt = database_url, job_id, attempt
@@ -50,28 +66,136 @@ class StoreCheckpoints(ray.train.UserCallback):
             self._store = Store(self.database_url)
         return self._store
 
+
+class StoreCheckpoints(_LazyStore, ray.train.UserCallback):
+    """Records every checkpoint Ray Train has persisted, with its size and why it was taken.
+    (Per-step metrics take another path: training/progress.py.)"""
+
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:  # noqa: ANN001
+        if checkpoint is None:
+            return
         values = {k: float(v) for k, v in metrics[0].items() if isinstance(v, (int, float))}
         step = int(values.get("step", 0))
-        if checkpoint is not None:
-            self.store.record_checkpoint(self.job_id, self.attempt, step, checkpoint.path, values)
-            self.store.append_event(
-                self.job_id, "checkpoint_saved", f"checkpoint saved at step {step}",
-                data={"step": step, "path": checkpoint.path}, attempt=self.attempt,
-            )
+        directory = Path(checkpoint.path)
+        state = ckpt.read_state(directory) if (directory / ckpt.STATE_FILE).exists() else {}
+        size = ckpt.size_bytes(directory) if directory.exists() else None
+        reason = state.get("reason", "interval")
+        world_size = state.get("world_size")
+        self.store.record_checkpoint(
+            self.job_id, self.attempt, step, checkpoint.path, values, world_size=world_size,
+            reason=reason, size_bytes=size, save_seconds=state.get("save_seconds"),
+        )
+        self.store.append_event(
+            self.job_id, "checkpoint_saved", f"{reason} checkpoint saved at step {step}",
+            data={"step": step, "path": checkpoint.path, "reason": reason, "world_size": world_size,
+                  "size_bytes": size, "save_seconds": state.get("save_seconds")},
+            attempt=self.attempt,
+        )
 
 
-def build_trainer(cfg: TrainConfig, callback: StoreCheckpoints, sink: Any) -> TorchTrainer:
+class RecordRecovery(_LazyStore, ControllerCallback):
+    """Turns the Train controller's state changes into job events and counters: `preempted`
+    when a node hosting workers is drained, `restarted` when the worker group restarts after a
+    failure, `resized` when an elastic job changes its number of workers. (`resumed`, with the
+    step and lost steps, comes from rank 0 once it has loaded the checkpoint.)"""
+
+    def __init__(self, database_url: str, job_id: str, attempt: int):
+        super().__init__(database_url, job_id, attempt)
+        self.num_workers: int | None = None
+
+    def _event(self, type_: str, message: str, data: dict[str, Any], level: str = "info") -> None:
+        try:
+            self.store.append_event(self.job_id, type_, message, data=data, level=level, attempt=self.attempt)
+        except Exception:  # noqa: BLE001 - bookkeeping must never break the controller
+            log.exception("could not record %s for %s", type_, self.job_id)
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:  # noqa: ANN001
+        try:
+            self._on_state(previous_state, current_state)
+        except Exception:  # noqa: BLE001
+            log.exception("could not record a state change of %s", self.job_id)
+
+    def _on_state(self, previous_state, current_state) -> None:  # noqa: ANN001
+        if isinstance(current_state, PreemptingState):
+            if isinstance(previous_state, PreemptingState):
+                return  # still waiting out the same preemption
+            info = current_state.preemption_info
+            self.store.add_counts(self.job_id, preemptions=1)
+            self._event("preempted", f"node(s) {', '.join(n[:12] for n in info.preempted_node_ids)} "
+                        f"draining; checkpointing before they go", {
+                            "nodes": info.preempted_node_ids, "ranks": info.preempted_ranks,
+                            "deadline_ms": info.deadline_ms, "world_size": self.num_workers,
+                        }, level="warning")
+        elif isinstance(current_state, RestartingState):
+            error = current_state.training_failed_error
+            preemption = isinstance(error, PreemptionError)
+            if not preemption:
+                self.store.add_counts(self.job_id, restarts=1)
+            reason = "preemption" if preemption else _first_line(error)
+            self._event("restarted", f"restarting from the latest checkpoint after: {reason}",
+                        {"reason": reason, "world_size": self.num_workers,
+                         "error_type": type(error).__name__}, level="warning")
+        elif isinstance(current_state, ResizingState):
+            target = current_state.scaling_decision.num_workers
+            self.store.add_counts(self.job_id, resizes=1)
+            self._event("resized", f"resizing from {self.num_workers} to {target} workers",
+                        {"from_workers": self.num_workers, "to_workers": target, "reason": "grow"})
+        elif isinstance(current_state, SchedulingState):
+            target = current_state.scaling_decision.num_workers
+            if (isinstance(previous_state, (RestartingState, ReschedulingState))
+                    and self.num_workers is not None and target != self.num_workers):
+                self.store.add_counts(self.job_id, resizes=1)
+                self._event("resized", f"restarting with {target} instead of {self.num_workers} workers",
+                            {"from_workers": self.num_workers, "to_workers": target,
+                             "reason": "shrink" if target < self.num_workers else "grow"})
+            self.num_workers = target
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:300]
+
+
+class JobFailurePolicy(DefaultFailurePolicy):
+    """Ray Train's failure policy, except that a user error (bad data, NaN loss, out of
+    memory) is raised at once: retrying it would fail the same way."""
+
+    def make_decision(self, training_failed_error) -> FailureDecision:  # noqa: ANN001
+        if _user_error_in(training_failed_error) is not None:
+            return FailureDecision.RAISE
+        return super().make_decision(training_failed_error)
+
+
+def _user_error_in(exc: BaseException):  # noqa: ANN202
+    found = find_user_error(exc)
+    for failure in getattr(exc, "worker_failures", {}).values():
+        found = found or find_user_error(failure)
+    return found
+
+
+class JobTrainer(TorchTrainer):
+    """A TorchTrainer whose controller uses `JobFailurePolicy`."""
+
+    def _initialize_and_run_controller(self, **controller_init_kwargs: Any):  # noqa: ANN202
+        controller_init_kwargs["failure_policy"] = JobFailurePolicy(self.run_config.failure_config)
+        return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+
+def build_trainer(cfg: TrainConfig, callbacks: list[Any], sink: Any, resize_interval_s: float = 30.0) -> TorchTrainer:
     workers: int | tuple[int, int] = (
         cfg.min_workers if cfg.min_workers == cfg.max_workers else (cfg.min_workers, cfg.max_workers)
     )
-    return TorchTrainer(
+    return JobTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.to_dict(), "progress": sink},
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=cfg.use_gpu,
-            resources_per_worker={"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})},
+            resources_per_worker={
+                "CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {}),
+                **cfg.resources_per_worker,
+            },
+            elastic_resize_monitor_interval_s=resize_interval_s,
         ),
         run_config=RunConfig(
             # Reusing the job id as the run name makes a re-dispatched attempt resume from
@@ -79,17 +203,16 @@ def build_trainer(cfg: TrainConfig, callback: StoreCheckpoints, sink: Any) -> To
             name=cfg.job_id,
             storage_path=cfg.checkpoint_root,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint_keep),
-            failure_config=FailureConfig(max_failures=0),
-            callbacks=[callback],
+            # Preemptions are expected on spot nodes and always resume; other platform
+            # failures use the job's restart budget; user errors never retry (JobFailurePolicy).
+            failure_config=FailureConfig(max_failures=cfg.max_restarts, max_preemption_failures=-1),
+            callbacks=callbacks,
         ),
     )
 
 
 def _fail(store: Store, job_id: str, attempt: int, exc: BaseException) -> None:
-    user_error = find_user_error(exc)
-    if user_error is None and hasattr(exc, "worker_failures"):
-        for failure in exc.worker_failures.values():
-            user_error = user_error or find_user_error(failure)
+    user_error = _user_error_in(exc)
     if user_error is not None:
         code, message, param = user_error.code, user_error.message, user_error.param
     else:
@@ -114,7 +237,9 @@ def run(job_id: str, attempt: int) -> int:
         data={"min_workers": cfg.min_workers, "max_workers": cfg.max_workers}, attempt=attempt,
     )
     sink = ProgressSink.remote(settings.resolved_database_url, job_id, attempt)
-    trainer = build_trainer(cfg, StoreCheckpoints(settings.resolved_database_url, job_id, attempt), sink)
+    callbacks = [StoreCheckpoints(settings.resolved_database_url, job_id, attempt),
+                 RecordRecovery(settings.resolved_database_url, job_id, attempt)]
+    trainer = build_trainer(cfg, callbacks, sink, resize_interval_s=settings.resize_interval_s)
     try:
         result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - every failure becomes data on the job

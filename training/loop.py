@@ -34,6 +34,12 @@ from training.errors import TrainingUserError
 from training.model import load_trainable_model
 from training.strategies import build_strategy
 
+#: Seconds of training between two looks for a preemption notice (Ray Train's watcher itself
+#: polls the cluster every few seconds; a spot notice gives 30 s or more).
+PREEMPTION_CHECK_INTERVAL_S = 1.0
+#: How long past the preemption deadline a worker waits to be stopped before giving up.
+PREEMPTION_TEARDOWN_GRACE_S = 60.0
+
 
 def lr_lambda(cfg: TrainConfig):
     """Multiplier of the peak learning rate at each optimizer step: warmup, then decay."""
@@ -122,7 +128,10 @@ class Recipe:
         resume_from = ray.train.get_checkpoint()
         if resume_from is not None:
             with resume_from.as_directory() as directory:
-                self.step = checkpoint.restore(Path(directory), self.strategy, self.rank)
+                state = checkpoint.restore(Path(directory), self.strategy)
+            self.step = int(state["step"])
+            if self.rank == 0 and self.sink is not None:
+                ray.get(self.sink.resumed.remote(self.step, self.world_size, state.get("reason", "interval")))
 
     # --- train ---------------------------------------------------------------------------
 
@@ -144,6 +153,9 @@ class Recipe:
 
     def train_step(self, window: Window) -> float | None:
         """One optimizer step over the global batch. Returns the gradient norm if clipped."""
+        # The random state (dropout) is a function of (seed, step, rank), so a resumed run
+        # draws what the uninterrupted one would have.
+        torch.manual_seed((self.cfg.seed * 1_000_003 + self.step) * 1_009 + self.rank)
         micro_batches, global_tokens = self._micro_batches(self.step)
         # Gradient reduction averages over ranks; scale back so the result is the global mean.
         scale = self.world_size / global_tokens
@@ -170,7 +182,6 @@ class Recipe:
             [float(window.loss_sum), float(window.input_tokens)], self.device
         )
         target_tokens = window.target_tokens * self.world_size
-        elapsed = time.perf_counter() - window.started
         loss = loss_sum / max(1.0, target_tokens)
         if not math.isfinite(loss):
             raise TrainingUserError(
@@ -178,7 +189,10 @@ class Recipe:
                 f"the loss became {loss} at step {self.step}: lower learning_rate or check the data",
                 "hyperparameters.learning_rate",
             )
-        (peak,) = _all_reduce_sum([peak_memory_gb(self.device)], self.device, op="max")
+        # The slowest rank's time: every rank then derives the same check cadence from it.
+        peak, elapsed = _all_reduce_sum(
+            [peak_memory_gb(self.device), time.perf_counter() - window.started], self.device, op="max"
+        )
         metrics = {
             "step": self.step,
             "loss": loss,
@@ -193,20 +207,24 @@ class Recipe:
             metrics["grad_norm"] = grad_norm
         return metrics
 
-    def _report(self, metrics: dict[str, float], with_checkpoint: bool, final: bool = False) -> None:
+    def _report(self, metrics: dict[str, float], with_checkpoint: bool, reason: str = "interval",
+                final: bool = False) -> None:
         """Every rank reports at the same cadence (a barrier). With a checkpoint, every rank
-        writes its part (Ray merges them into one directory); rank 0 adds the adapter on the
-        final one."""
+        takes part in gathering the state and rank 0 writes it (and the adapter, on the final
+        one); Ray Train persists it before `report` returns."""
         if not with_checkpoint:
             ray.train.report(metrics)
             return
         with tempfile.TemporaryDirectory(prefix="eft-ckpt-") as tmp:
             directory = Path(tmp)
-            trainable = checkpoint.save(directory, self.strategy, self.rank, self.step, metrics)
+            trainable = checkpoint.save(directory, self.strategy, self.rank, self.step,
+                                        self.world_size, reason, metrics)
             if final and self.rank == 0:
                 self.strategy.module.save_pretrained(directory / "adapter", state_dict=trainable)
                 self.tokenizer.save_pretrained(directory / "adapter")
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            saved = ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None
+            ray.train.report({**metrics, "checkpoint_step": self.step}, checkpoint=saved)
+        self.last_checkpoint_at = time.monotonic()
 
     def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
         """Rank 0 sends a step's metrics to the progress sink without waiting, unless `wait`."""
@@ -216,22 +234,60 @@ class Recipe:
         if wait:
             ray.get(ref)
 
+    def _checks_due(self) -> tuple[Any, bool]:
+        """At a check step: (Ray Train's preemption notice or None, whether the time-based
+        checkpoint interval has passed). Both are agreed by every rank (collectives)."""
+        notice = ray.train.get_preemption_info()
+        overdue = False
+        if self.cfg.checkpoint_every_seconds:
+            elapsed = time.monotonic() - self.last_checkpoint_at
+            (flag,) = _all_reduce_sum([float(elapsed >= self.cfg.checkpoint_every_seconds)],
+                                      self.device, op="max")
+            overdue = flag > 0
+        return notice, overdue
+
+    def _wait_out_preemption(self, notice: Any) -> None:
+        """After the preemption checkpoint, train no further (every later step would be lost)
+        and wait for Ray Train to stop this worker group and resume it on what is left."""
+        deadline_s = (notice.deadline_ms / 1000.0) if notice.deadline_ms else time.time() + 120.0
+        give_up_at = max(deadline_s, time.time()) + PREEMPTION_TEARDOWN_GRACE_S
+        while time.time() < give_up_at:
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"the worker group was not stopped {PREEMPTION_TEARDOWN_GRACE_S:.0f}s after the "
+            "preemption deadline; restarting from the preemption checkpoint"
+        )
+
     def train(self) -> None:
         cfg = self.cfg
         window = Window()
         self.strategy.model.train()
+        self.last_checkpoint_at = time.monotonic()
+        check_every, next_check = 1, self.step + 1
         while self.step < cfg.total_steps:
             grad_norm = self.train_step(window)
             at_log = self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps
             at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and self.step < cfg.total_steps
-            if not (at_log or at_ckpt):
+            notice, overdue = None, False
+            if self.step >= next_check and self.step < cfg.total_steps:
+                notice, overdue = self._checks_due()
+                next_check = self.step + check_every
+            if not (at_log or at_ckpt or notice or overdue):
                 continue
-            # Decided by step count, so every rank joins the same collectives and reports.
+            # Decided by step count and by collectives, so every rank joins the same
+            # collectives and reports.
             metrics = self._window_metrics(window, grad_norm)
+            # Check for preemption about every PREEMPTION_CHECK_INTERVAL_S of training: the
+            # notice is a collective, cheap but not free. The step time is all-reduced, so every
+            # rank computes the same cadence.
+            check_every = max(1, int(PREEMPTION_CHECK_INTERVAL_S / max(metrics["step_time_s"], 1e-3)))
             window = Window()
             self._publish(metrics)
-            if at_ckpt:
-                self._report(metrics, with_checkpoint=True)
+            if notice is not None:
+                self._report(metrics, with_checkpoint=True, reason="preemption")
+                self._wait_out_preemption(notice)
+            if at_ckpt or overdue:
+                self._report(metrics, with_checkpoint=True, reason="interval" if at_ckpt else "time")
 
     # --- finish --------------------------------------------------------------------------
 
@@ -282,7 +338,7 @@ class Recipe:
             metrics["predicted_memory_gb"] = self.cfg.predicted_memory_gb
         # Waiting on the last call means every earlier metric has landed too.
         self._publish(metrics, wait=True)
-        self._report(metrics, with_checkpoint=True, final=True)
+        self._report(metrics, with_checkpoint=True, reason="final", final=True)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -291,6 +347,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     cfg = TrainConfig.from_dict(config["train"])
     torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
     recipe = Recipe(cfg, config.get("progress"))
-    recipe.setup()
-    recipe.train()
-    recipe.finish()
+    try:
+        recipe.setup()
+        recipe.train()
+        recipe.finish()
+    except torch.OutOfMemoryError as exc:
+        raise TrainingUserError(
+            "user_error.out_of_memory",
+            f"a worker ran out of accelerator memory ({str(exc).splitlines()[0][:300]}); lower "
+            "micro_batch_size or max_seq_len, enable gradient_checkpointing or offload, or use "
+            "a sharded strategy (POST /plan shows what fits)",
+            "hyperparameters.micro_batch_size",
+        ) from None

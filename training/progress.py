@@ -21,6 +21,9 @@ class ProgressSink:
     def __init__(self, database_url: str, job_id: str, attempt: int):
         self.store = Store(database_url)
         self.job_id, self.attempt = job_id, attempt
+        # The furthest step trained so far, by this attempt or an earlier one: a resume from
+        # an older checkpoint trains the steps in between again (lost steps).
+        self.furthest = self.store.get_job(job_id).step
 
     def record(self, step: int, values: dict[str, Any]) -> int:
         """Store one step's metrics and move the job's step counter. Returns the step."""
@@ -32,4 +35,23 @@ class ProgressSink:
         )
         if fresh:  # a stale attempt's late metrics are dropped
             self.store.record_metrics(self.job_id, self.attempt, step, numbers)
+            self.furthest = max(self.furthest, step)
         return step
+
+    def resumed(self, step: int, world_size: int, checkpoint_reason: str) -> int:
+        """Rank 0 restored a checkpoint at `step`. Records a `resumed` event with the steps
+        that will be trained again. Returns the lost steps."""
+        lost = max(0, self.furthest - step)
+        if not self.store.update_job(self.job_id, attempt=self.attempt, step=step, num_workers=world_size):
+            return lost
+        self.store.add_counts(self.job_id, lost_steps=lost)
+        self.store.append_event(
+            self.job_id, "resumed",
+            f"resumed at step {step} with {world_size} worker(s) from a {checkpoint_reason} "
+            f"checkpoint; {lost} step(s) to train again",
+            data={"step": step, "world_size": world_size, "lost_steps": lost,
+                  "checkpoint_reason": checkpoint_reason},
+            attempt=self.attempt,
+        )
+        self.furthest = step
+        return lost

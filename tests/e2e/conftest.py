@@ -26,6 +26,8 @@ def ray_cluster():
 
     dashboard_port = _free_port()
     ray.init(
+        # Always a fresh cluster of our own, never one a stale `ray start` left behind.
+        address="local",
         num_cpus=8,
         include_dashboard=True,
         dashboard_host="127.0.0.1",

@@ -41,6 +41,10 @@ class Collector:
         self.rows.append((step, dict(values)))
         return step
 
+    def resumed(self, step, world_size, reason):
+        self.rows.append((step, {"resumed_world_size": world_size, "checkpoint_reason": reason}))
+        return 0
+
     def get(self):
         return self.rows
 
@@ -58,13 +62,13 @@ def _config(strategy: str, root: Path) -> TrainConfig:
     )
 
 
-def _train(strategy: str, root: Path, **overrides) -> tuple[dict[str, torch.Tensor], list, dict]:
-    cfg = dataclasses.replace(_config(strategy, root), **overrides)
+def _train(strategy: str, root: Path, workers: int = 2, **overrides) -> tuple[dict[str, torch.Tensor], list, dict]:
+    cfg = dataclasses.replace(_config(strategy, root), min_workers=workers, max_workers=workers, **overrides)
     collector = Collector.remote()
     result = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.to_dict(), "progress": collector},
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=workers),
         run_config=RunConfig(name=cfg.job_id, storage_path=str(root),
                              checkpoint_config=CheckpointConfig(num_to_keep=1)),
     ).fit()
@@ -155,3 +159,20 @@ def test_resume_from_checkpoint_continues_the_same_run(strategy, trained, tmp_pa
     whole_losses = {s: v["loss"] for s, v in whole_rows if "loss" in v}
     assert [v["loss"] for s, v in resumed_rows if "loss" in v] == pytest.approx(
         [whole_losses[s] for s in (4, 5, 6)], rel=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2", "zero3"])
+def test_resume_at_another_world_size(strategy, trained, tmp_path):
+    """Stop after 3 steps on 2 workers, resume on 1: the checkpoint holds consolidated
+    trainable and optimizer state, so the result still matches the uninterrupted 2-worker run."""
+    whole, whole_rows, _ = trained(strategy)
+    _train(strategy, tmp_path, total_steps=3)
+    resumed, resumed_rows, final = _train(strategy, tmp_path, workers=1)
+    assert (3, {"resumed_world_size": 1, "checkpoint_reason": "final"}) in resumed_rows
+    assert [s for s, v in resumed_rows if "loss" in v] == [4, 5, 6]
+    assert final["world_size"] == 1
+    for name, tensor in whole.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-3, atol=1e-4)
+    whole_losses = {s: v["loss"] for s, v in whole_rows if "loss" in v}
+    assert [v["loss"] for s, v in resumed_rows if "loss" in v] == pytest.approx(
+        [whole_losses[s] for s in (4, 5, 6)], rel=1e-4)

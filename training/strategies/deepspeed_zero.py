@@ -93,18 +93,66 @@ class ZeroStrategy:
             return {n: p.detach().to("cpu", copy=True) for n, p in self._named_trainable()}
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
-        # Every rank holds the full state, so every rank writes its own copy.
-        with self._gathered(modifier_rank=None), torch.no_grad():
+        # Every rank holds the full state and writes it; under stage 3 rank 0's copy is then
+        # partitioned back to every rank (modifier_rank=0) as the parameters are released.
+        with self._gathered(modifier_rank=0), torch.no_grad():
             for name, param in self._named_trainable():
                 param.copy_(state[name].to(param.device, param.dtype))
 
     def optimizer_state(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        """Adam's moments and the fp32 master weights by parameter name, consolidated from
+        every rank's partition (a collective), so the state loads at any world size."""
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for name, param in self._named_trainable():
+            entry = {"fp32": safe_get_full_fp32_param(param)}
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = safe_get_full_optimizer_state(param, key)
+                if value is not None:
+                    entry[key] = value
+            state[name] = {k: v.detach().to("cpu", copy=True) for k, v in entry.items()}
+        return {"format": "named-adam", "step": self._optimizer_step(), "state": state}
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        # Master (fp32) partitions come from the saved optimizer state, so they agree with
-        # the weights loaded above. DeepSpeed indexes the list by data-parallel rank; at the
-        # same world size each rank only reads its own entry.
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        self.optimizer.load_state_dict([state] * world, load_optimizer_states=True,
-                                       load_from_fp32_weights=True)
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        self._ensure_optimizer_state()
+        for name, param in self._named_trainable():
+            entry = state["state"][name]
+            safe_set_full_fp32_param(param, entry["fp32"].to(torch.float32))
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in entry:
+                    safe_set_full_optimizer_state(param, entry[key].to(torch.float32), key)
+        self._set_optimizer_step(int(state["step"]))
+
+    def _partitions(self) -> list[torch.Tensor]:
+        """This rank's flat fp32 partitions: the tensors the base AdamW steps."""
+        zero = self.optimizer
+        flats = getattr(zero, "fp32_partitioned_groups_flat", None)  # stage 3
+        return list(flats if flats is not None else zero.single_partition_of_fp32_groups)
+
+    def _base_states(self) -> list[dict[str, Any]]:
+        base = self.optimizer.optimizer  # the torch AdamW over DeepSpeed's flat fp32 partitions
+        return [base.state[p] for p in self._partitions() if p in base.state]
+
+    def _optimizer_step(self) -> int:
+        steps = [int(s["step"]) for s in self._base_states() if "step" in s]
+        return max(steps, default=0)
+
+    def _ensure_optimizer_state(self) -> None:
+        """Adam creates its state on the first step; create it now (zeros) so a restored
+        state has somewhere to go, and let DeepSpeed map it to parameters."""
+        base = self.optimizer.optimizer
+        for p in self._partitions():
+            if not base.state[p]:
+                base.state[p]["step"] = torch.zeros((), dtype=torch.float32)
+                base.state[p]["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                base.state[p]["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        link = getattr(self.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:  # stages 1 and 2 link parameter fragments to the state lazily
+            link()
+
+    def _set_optimizer_step(self, step: int) -> None:
+        for s in self._base_states():
+            s["step"] = torch.tensor(float(step), dtype=torch.float32)

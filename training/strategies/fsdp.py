@@ -27,6 +27,7 @@ from training.model import compute_dtype
 from training.strategies import no_autocast, trainable_parameters
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+_FULL_OPTIMIZER = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def _layer_classes(model: torch.nn.Module) -> set[str]:
@@ -89,8 +90,11 @@ class FSDPStrategy:
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
     def optimizer_state(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer)
+        # Consolidated (full tensors by parameter name, on rank 0), so it loads at any world size.
+        return get_optimizer_state_dict(self.model, self.optimizer, options=_FULL_OPTIMIZER)
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state)
+        # Every rank passes the full state; each keeps its own shard of it.
+        set_optimizer_state_dict(self.model, self.optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True))
 
