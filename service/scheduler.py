@@ -137,16 +137,31 @@ class Scheduler:
                 self._settle(self.store.get_job(job.id), state)
 
     def _settle(self, job: JobRecord, ray_state: str) -> None:
-        """A job whose Ray Job ended without the driver recording an outcome."""
+        """A job whose Ray Job ended without the driver recording an outcome: the driver died
+        (its node was lost, it was killed) or Ray forgot it (the head restarted). Within the
+        job's restart budget it goes back to the queue, and its next attempt resumes from the
+        latest checkpoint (the run name is the job id); past the budget it fails."""
         if job.status is JobStatus.cancelling:
             self._safe_transition(job, JobStatus.cancelled, "stopped on request",
                                   data={"ray_state": ray_state})
             return
         if job.status is not JobStatus.running:
             return
+        budget = int((job.config or {}).get("max_restarts", 3))
+        if job.restarts < budget:
+            requeued = self._safe_transition(
+                job, JobStatus.queued,
+                f"the driver of attempt {job.attempt} is gone (Ray Job {ray_state}); queued again "
+                "to resume from the latest checkpoint", event_type="restarted",
+                data={"reason": "driver_lost", "ray_state": ray_state, "attempt": job.attempt},
+            )
+            if requeued is not None:
+                self.store.add_counts(job.id, restarts=1)
+            return
         tail = self.launcher.logs(job.submission_id or "")[-2000:]
-        message = (f"the job's Ray Job ended as {ray_state} without recording a result; "
-                   "see its logs in the Ray dashboard or GET /jobs/{id}/events")
+        message = (f"the job's Ray Job ended as {ray_state} without recording a result, "
+                   f"after {job.restarts} restart(s); see its logs in the Ray dashboard or "
+                   "GET /jobs/{id}/events")
         self._safe_transition(job, JobStatus.failed, message, error_code="platform_error.driver_exited",
                               error_message=f"{message}\n{tail}".strip(), data={"ray_state": ray_state})
 

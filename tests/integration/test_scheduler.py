@@ -1,6 +1,7 @@
 """The scheduler over a real store, with a small launcher and validator passed in (Ray's side is
 covered by the e2e tests): limits, exactly-once claims, dispatch failures, reconciliation."""
 
+import dataclasses
 import threading
 
 import pytest
@@ -115,16 +116,44 @@ def test_dispatch_failure_requeues_then_fails(store):
     assert [e.type for e in store.list_events(job.id)[0]].count("dispatch_failed") == 2
 
 
-def test_vanished_ray_job_fails_the_job_with_a_platform_error(store):
+def test_vanished_ray_job_is_dispatched_again_until_the_restart_budget_is_spent(store):
     launcher = RecordingLauncher()
     job, = _queued(store)
     scheduler = _scheduler(store, launcher)
     scheduler.tick()
-    launcher.states.clear()  # the head restarted and forgot the Ray Job
+    for attempt in (2, 3, 4):  # the config's max_restarts is 3
+        launcher.states.clear()  # the head restarted and forgot the Ray Job
+        scheduler.tick()  # reconcile: back to the queue
+        assert store.get_job(job.id).status is JobStatus.queued
+        scheduler.tick()  # dispatch the next attempt
+        after = store.get_job(job.id)
+        assert after.status is JobStatus.running and after.attempt == attempt
+        assert after.restarts == attempt - 1
+    launcher.states.clear()
     scheduler.tick()
     failed = store.get_job(job.id)
-    assert failed.status is JobStatus.failed
+    assert failed.status is JobStatus.failed and failed.restarts == 3
     assert failed.error_code == "platform_error.driver_exited" and "driver log tail" in failed.error_message
+    assert launcher.submitted == [f"{job.id}-attempt-{n}" for n in (1, 2, 3, 4)]
+    restarted = [e for e in store.list_events(job.id)[0] if e.type == "restarted"]
+    assert [e.data["attempt"] for e in restarted] == [1, 2, 3]
+    assert all(e.data["reason"] == "driver_lost" for e in restarted)
+
+
+def test_restart_budget_comes_from_the_job(store):
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+
+    def validate_no_restarts(job_id, request, settings):
+        cfg, stats = validate_ok(job_id, request, settings)
+        return dataclasses.replace(cfg, max_restarts=0), stats
+
+    scheduler = Scheduler(store, launcher, Settings(), validate_no_restarts)
+    scheduler.tick()
+    launcher.states.clear()
+    scheduler.tick()
+    assert store.get_job(job.id).status is JobStatus.failed
+    assert launcher.submitted == [f"{job.id}-attempt-1"]
 
 
 def test_cancelling_job_is_stopped_and_settled(store):

@@ -1,0 +1,323 @@
+"""Jobs that survive: faults injected into real Ray Train jobs run through the service.
+
+Each recovered job is compared with an uninterrupted reference run of the same request: the
+sample order is a function of (seed, step), dropout is off and the learning rate constant, so
+a recovered run must end with the same adapter (up to fp32 round-off across world sizes).
+Only processes these tests started are ended, by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.e2e.conftest import wait_for
+
+pytestmark = pytest.mark.e2e
+RAY = str(Path(sys.executable).with_name("ray"))
+SPOT = "eft_test_spot"
+
+
+def _body(name: str, steps: int, workers: int | tuple[int, int] = 2, **extra: Any) -> dict:
+    low, high = (workers, workers) if isinstance(workers, int) else workers
+    body = {
+        "name": name,
+        "model": "tiny-llama",
+        "training_file": "demo/chat_train.jsonl",
+        "method": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
+        "hyperparameters": {"max_steps": steps, "learning_rate": 2e-3, "lr_scheduler": "constant",
+                            "global_batch_size": 8, "micro_batch_size": 2, "max_seq_len": 96,
+                            "seed": 11},
+        "scaling": {"min_workers": low, "max_workers": high},
+        "strategy": "ddp",
+        "checkpoint": {"every_steps": 20, "keep": 2},
+    }
+    for key, value in extra.items():
+        body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
+    return body
+
+
+def _post(url: str, body: dict) -> dict:
+    response = httpx.post(f"{url}/jobs", json=body, timeout=30)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def _get(url: str, job_id: str, what: str = "") -> Any:
+    response = httpx.get(f"{url}/jobs/{job_id}{what}", timeout=30)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    return body["data"] if what else body
+
+
+def _events(url: str, job_id: str) -> list[dict]:
+    return _get(url, job_id, "/events?limit=1000")
+
+
+def _until(what: str, check: Callable[[], Any], timeout_s: float = 240) -> Any:
+    """Poll `check` until it returns something truthy; fail naming `what` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.3)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _adapter(job: dict) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(job["artifact_path"]) / "adapter_model.safetensors"))
+
+
+def _assert_same_adapter(job: dict, reference: dict, atol: float) -> None:
+    ours, theirs = _adapter(job), _adapter(reference)
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=atol, msg=name)
+
+
+def _trained_steps(url: str, job_id: str) -> list[int]:
+    return [m["step"] for m in _get(url, job_id, "/metrics") if "loss" in m["values"]]
+
+
+def _step_at_least(url: str, job_id: str, step: int) -> bool:
+    job = _get(url, job_id)
+    if job["status"] in ("succeeded", "failed", "cancelled"):
+        pytest.fail(f"job {job_id} ended ({job['status']}) before step {step}: {job.get('error')}")
+    return job["step"] >= step
+
+
+def _checkpointed(url: str, job_id: str, step: int) -> int:
+    """The latest checkpoint's step once one at `step` or later is registered, else 0."""
+    _step_at_least(url, job_id, 0)  # fails early if the job already ended
+    steps = [c["step"] for c in _get(url, job_id, "/checkpoints")]
+    return max(steps) if steps and max(steps) >= step else 0
+
+
+def _worker_pids(dashboard_url: str) -> list[int]:
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=dashboard_url,
+                         filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    return [a.pid for a in actors if a.pid]
+
+
+STEPS = 240
+
+
+@pytest.fixture(scope="module")
+def reference(service):
+    """The uninterrupted run every fault test is compared with (2 workers)."""
+    job = _post(service["url"], _body("reference", STEPS))
+    return wait_for(job["id"], service["url"], {"succeeded"})
+
+
+def test_killed_worker_restarts_from_the_latest_checkpoint(service, reference):
+    url = service["url"]
+    job = _post(url, _body("kill-a-worker", STEPS))
+    latest = _until("a checkpoint Ray Train has registered", lambda: _checkpointed(url, job["id"], 40))
+    pids = _worker_pids(service["dashboard_url"])
+    assert len(pids) == 2, pids
+    os.kill(pids[1], signal.SIGKILL)
+    done = wait_for(job["id"], url, {"succeeded"})
+
+    assert done["restarts"] == 1 and done["attempt"] == 1 and done["preemptions"] == 0
+    events = _events(url, job["id"])
+    restarted = [e for e in events if e["type"] == "restarted"]
+    resumed = [e for e in events if e["type"] == "resumed"]
+    assert len(restarted) == 1 and len(resumed) == 1, [e["type"] for e in events]
+    resumed_at = resumed[0]["data"]["step"]
+    assert resumed_at % 20 == 0 and resumed_at >= latest  # the latest checkpoint at the kill
+    assert resumed[0]["data"]["lost_steps"] == done["lost_steps"] >= 1
+    assert resumed[0]["data"]["world_size"] == 2
+    # Every step trained, none skipped; the lost ones trained twice, with the same result.
+    assert sorted(set(_trained_steps(url, job["id"]))) == list(range(1, STEPS + 1))
+    _assert_same_adapter(done, reference, atol=1e-6)
+
+
+def test_a_job_whose_driver_vanished_is_dispatched_again_and_resumes(service, reference):
+    """The Ray Job's driver dies (as when the head node is lost): the service queues the job
+    again and the next attempt resumes from the checkpoint the first one left."""
+    url = service["url"]
+    job = _post(url, _body("lose-the-driver", STEPS))
+    latest = _until("a checkpoint Ray Train has registered", lambda: _checkpointed(url, job["id"], 40))
+    driver = subprocess.run(["pgrep", "-f", f"training.driver --job-id {job['id']} --attempt 1"],
+                            capture_output=True, text=True).stdout.split()
+    assert driver, "no driver process found"  # the driver, and the shell Ray Jobs started it with
+    for pid in driver:
+        os.kill(int(pid), signal.SIGKILL)
+    done = wait_for(job["id"], url, {"succeeded"})
+
+    assert done["attempt"] == 2 and done["restarts"] == 1
+    events = _events(url, job["id"])
+    assert [e["data"].get("reason") for e in events if e["type"] == "restarted"] == ["driver_lost"]
+    assert [e["data"]["submission_id"] for e in events if e["type"] == "submitted"] == [
+        f"{job['id']}-attempt-1", f"{job['id']}-attempt-2"]
+    resumed = [e for e in events if e["type"] == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["attempt"] == 2 and resumed[0]["data"]["step"] >= latest
+    _assert_same_adapter(done, reference, atol=1e-6)
+
+
+def test_a_user_error_fails_at_once_without_a_restart(service):
+    url = service["url"]
+    # A rate this high overflows the loss within a few steps: a NaN loss is the user's to fix.
+    body = _body("diverges", 200, method={"alpha": 4096.0},
+                 hyperparameters={"learning_rate": 1.0, "max_grad_norm": None})
+    job = _post(url, body)
+    done = wait_for(job["id"], url, {"failed"})
+    assert done["error"]["code"] == "user_error.nan_loss", done["error"]
+    assert done["error"]["param"] == "hyperparameters.learning_rate"
+    assert done["restarts"] == 0 and done["attempt"] == 1
+    types = [e["type"] for e in _events(url, job["id"])]
+    assert "restarted" not in types and types.count("training_started") == 1, types
+
+
+# --- elastic and spot ----------------------------------------------------------------------
+
+
+class SpotNodes:
+    """Extra Ray nodes on this machine, each offering one `eft_test_spot` slot, as spot nodes
+    do. SIGTERM to a node's `ray start --block` drains it first (a preemption notice with a
+    deadline), as a spot reclaim does."""
+
+    def __init__(self, gcs_address: str, log_dir: Path):
+        self.gcs_address, self.log_dir = gcs_address, log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> subprocess.Popen:
+        import ray
+
+        before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "6"}
+        log = open(self.log_dir / f"node-{len(self.procs)}.log", "w")
+        proc = subprocess.Popen(
+            [RAY, "start", f"--address={self.gcs_address}", "--num-cpus=1",
+             f'--resources={{"{SPOT}": 1}}', "--block"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.procs.append(proc)
+        _until("the new node to join", lambda: any(
+            n["Alive"] and n["NodeID"] not in before and SPOT in n["Resources"] for n in ray.nodes()))
+        return proc
+
+    def drain(self, proc: subprocess.Popen) -> None:
+        proc.send_signal(signal.SIGTERM)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def spot_nodes(service, tmp_path):
+    import ray
+
+    nodes = SpotNodes(ray.get_runtime_context().gcs_address, tmp_path)
+    yield nodes
+    nodes.stop_all()
+
+
+def _event(url: str, job_id: str, type_: str, where: Callable[[dict], bool] = lambda e: True):
+    def check() -> dict | None:
+        job = _get(url, job_id)
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            pytest.fail(f"job ended ({job['status']}) before a {type_} event: {job.get('error')}")
+        return next((e for e in _events(url, job_id) if e["type"] == type_ and where(e)), None)
+
+    return check
+
+
+ELASTIC_STEPS = 1500
+
+
+def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_nodes):
+    """min 1, max 3 workers on spot slots: starts on one node, grows to two when a second
+    node joins, and when that node is drained it checkpoints before the node goes (zero lost
+    steps), shrinks back to one, finishes, and equals a 1-worker reference run."""
+    url = service["url"]
+    spot = {"resources": {SPOT: 1}}
+    first = spot_nodes.start()
+    job = _post(url, _body("elastic", ELASTIC_STEPS, workers=(1, 3), scaling=spot,
+                           checkpoint={"every_steps": 50}))
+    reference = _post(url, _body("elastic-reference", ELASTIC_STEPS, workers=1))
+    jid = job["id"]
+    _until("training on one worker", lambda: _step_at_least(url, jid, 10))
+    assert _get(url, jid)["num_workers"] == 1
+
+    second = spot_nodes.start()
+    grown = _until("the job to grow", _event(url, jid, "resumed", lambda e: e["data"]["world_size"] == 2))
+    _until("steps on two workers", lambda: _step_at_least(url, jid, grown["data"]["step"] + 5))
+
+    spot_nodes.drain(second)
+    _until("the preemption notice", _event(url, jid, "preempted"))
+    shrunk = _until("the job to resume on one worker",
+                    _event(url, jid, "resumed", lambda e: e["data"]["world_size"] == 1
+                           and e["id"] > grown["id"]))
+    done = wait_for(jid, url, {"succeeded"}, timeout_s=600)
+    reference = wait_for(reference["id"], url, {"succeeded"}, timeout_s=600)
+
+    assert shrunk["data"]["checkpoint_reason"] == "preemption"
+    assert shrunk["data"]["lost_steps"] == 0  # the drain cost no work
+    events = _events(url, jid)
+    saved = [e for e in events if e["type"] == "checkpoint_saved"]
+    preemption_saves = [e for e in saved if e["data"]["reason"] == "preemption"]
+    assert len(preemption_saves) == 1 and preemption_saves[0]["data"]["world_size"] == 2
+    assert preemption_saves[0]["data"]["step"] == shrunk["data"]["step"]
+    resized = [(e["data"]["from_workers"], e["data"]["to_workers"]) for e in events if e["type"] == "resized"]
+    assert resized == [(1, 2), (2, 1)], resized
+    assert done["preemptions"] == 1 and done["resizes"] == 2 and done["restarts"] == 0
+    assert done["num_workers"] == 1 and first.poll() is None
+    assert sorted(set(_trained_steps(url, jid))) == list(range(1, ELASTIC_STEPS + 1))
+    # Different world sizes sum the same gradient in a different order: fp32 round-off only.
+    _assert_same_adapter(done, reference, atol=1e-4)
+    checkpoints = _get(url, jid, "/checkpoints")
+    assert all(c["size_bytes"] > 0 for c in checkpoints)
+    assert {c["reason"] for c in checkpoints} >= {"interval", "preemption", "final"}
+
+
+# --- the service itself --------------------------------------------------------------------
+
+
+def test_service_restarts_while_one_job_runs_and_one_waits(service):
+    url = service["url"]
+    service["restart"](EFT_MAX_RUNNING_JOBS="1")
+    try:
+        running = _post(url, _body("runs-through-restarts", 300))
+        waiting = _post(url, _body("waits-through-restarts", 40))
+        _until("the first job to train", lambda: _step_at_least(url, running["id"], 5))
+        assert _get(url, waiting["id"])["status"] == "queued"
+
+        service["restart"](EFT_MAX_RUNNING_JOBS="1")
+        assert _get(url, waiting["id"])["status"] == "queued"
+        assert _get(url, running["id"])["status"] == "running"
+        done = [wait_for(j["id"], url, {"succeeded"}) for j in (running, waiting)]
+    finally:
+        service["restart"]()
+
+    for job in done:
+        assert job["attempt"] == 1 and job["restarts"] == 0
+        types = [e["type"] for e in _events(url, job["id"])]
+        assert types.count("submitted") == 1 and types.count("training_started") == 1, types
+        assert types[:4] == ["created", "queued", "dispatched", "submitted"]
+        assert types[-1] == "succeeded"
+        assert sorted(set(_trained_steps(url, job["id"]))) == list(range(1, job["total_steps"] + 1))
+    # The waiting job only started once the running one had finished.
+    assert done[1]["started_at"] >= done[0]["finished_at"]
