@@ -279,6 +279,7 @@ class JobEvent(_Response):
     id: int
     job_id: str
     created_at: datetime
+    attempt: int = Field(0, description="The dispatch attempt the event belongs to.")
     type: str
     level: Literal["info", "warning", "error"] = "info"
     message: str

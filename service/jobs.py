@@ -108,7 +108,7 @@ class JobService:
         self.store.get_job(job_id, tenant)
         events, has_more = self.store.list_events(job_id, after=after, limit=limit)
         return JobEventList(
-            data=[JobEvent(id=e.id, job_id=e.job_id, created_at=e.created_at, type=e.type,
+            data=[JobEvent(id=e.id, job_id=e.job_id, created_at=e.created_at, attempt=e.attempt, type=e.type,
                            level=e.level, message=e.message, data={**e.data, "attempt": e.attempt})
                   for e in events],
             has_more=has_more,
