@@ -128,7 +128,8 @@ class RecordRecovery(_LazyStore, ControllerCallback):
                         }, level="warning")
         elif isinstance(current_state, RestartingState):
             error = current_state.training_failed_error
-            preemption = isinstance(error, PreemptionError)
+            # A worker lost while its node drains is the preemption, whatever the error says.
+            preemption = isinstance(error, PreemptionError) or isinstance(previous_state, PreemptingState)
             if not preemption:
                 self.store.add_counts(self.job_id, restarts=1)
             reason = "preemption" if preemption else _first_line(error)
@@ -156,13 +157,29 @@ def _first_line(error: BaseException) -> str:
     return (text[0] if text else type(error).__name__)[:300]
 
 
-class JobFailurePolicy(DefaultFailurePolicy):
+class JobFailurePolicy(DefaultFailurePolicy, ControllerCallback):
     """Ray Train's failure policy, except that a user error (bad data, NaN loss, out of
-    memory) is raised at once: retrying it would fail the same way."""
+    memory) is raised at once, since retrying it would fail the same way, and that a worker
+    lost while its node was being drained counts as the preemption it is (against no budget),
+    not as a failure against `max_restarts`."""
+
+    def __init__(self, failure_config: FailureConfig):
+        super().__init__(failure_config)
+        self._preempting: PreemptingState | None = None
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:  # noqa: ANN001
+        if isinstance(current_state, PreemptingState):
+            self._preempting = current_state
+        elif not isinstance(current_state, RestartingState):
+            self._preempting = None
 
     def make_decision(self, training_failed_error) -> FailureDecision:  # noqa: ANN001
         if _user_error_in(training_failed_error) is not None:
             return FailureDecision.RAISE
+        if self._preempting is not None and not isinstance(training_failed_error, PreemptionError):
+            training_failed_error = PreemptionError(
+                preemption_info=self._preempting.preemption_info, drain_timed_out=False
+            )
         return super().make_decision(training_failed_error)
 
 
@@ -177,7 +194,10 @@ class JobTrainer(TorchTrainer):
     """A TorchTrainer whose controller uses `JobFailurePolicy`."""
 
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any):  # noqa: ANN202
-        controller_init_kwargs["failure_policy"] = JobFailurePolicy(self.run_config.failure_config)
+        policy = JobFailurePolicy(self.run_config.failure_config)
+        controller_init_kwargs["failure_policy"] = policy
+        # The same object also watches the controller's states (one pickle keeps one object).
+        controller_init_kwargs["callbacks"] = [*controller_init_kwargs["callbacks"], policy]
         return super()._initialize_and_run_controller(**controller_init_kwargs)
 
 

@@ -127,11 +127,13 @@ class Recipe:
         self.step = 0
         resume_from = ray.train.get_checkpoint()
         if resume_from is not None:
+            started = time.perf_counter()
             with resume_from.as_directory() as directory:
                 state = checkpoint.restore(Path(directory), self.strategy)
             self.step = int(state["step"])
             if self.rank == 0 and self.sink is not None:
-                ray.get(self.sink.resumed.remote(self.step, self.world_size, state.get("reason", "interval")))
+                ray.get(self.sink.resumed.remote(self.step, self.world_size, state.get("reason", "interval"),
+                                                 time.perf_counter() - started))
 
     # --- train ---------------------------------------------------------------------------
 

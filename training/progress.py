@@ -38,7 +38,7 @@ class ProgressSink:
             self.furthest = max(self.furthest, step)
         return step
 
-    def resumed(self, step: int, world_size: int, checkpoint_reason: str) -> int:
+    def resumed(self, step: int, world_size: int, checkpoint_reason: str, load_seconds: float = 0.0) -> int:
         """Rank 0 restored a checkpoint at `step`. Records a `resumed` event with the steps
         that will be trained again. Returns the lost steps."""
         lost = max(0, self.furthest - step)
@@ -50,7 +50,7 @@ class ProgressSink:
             f"resumed at step {step} with {world_size} worker(s) from a {checkpoint_reason} "
             f"checkpoint; {lost} step(s) to train again",
             data={"step": step, "world_size": world_size, "lost_steps": lost,
-                  "checkpoint_reason": checkpoint_reason},
+                  "checkpoint_reason": checkpoint_reason, "load_seconds": round(load_seconds, 4)},
             attempt=self.attempt,
         )
         self.furthest = step

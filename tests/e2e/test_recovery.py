@@ -245,7 +245,7 @@ def _event(url: str, job_id: str, type_: str, where: Callable[[dict], bool] = la
     return check
 
 
-ELASTIC_STEPS = 1500
+ELASTIC_STEPS = 700
 
 
 def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_nodes):

@@ -41,7 +41,7 @@ class Collector:
         self.rows.append((step, dict(values)))
         return step
 
-    def resumed(self, step, world_size, reason):
+    def resumed(self, step, world_size, reason, load_seconds=0.0):
         self.rows.append((step, {"resumed_world_size": world_size, "checkpoint_reason": reason}))
         return 0
 
