@@ -87,6 +87,10 @@ def _assert_same_adapter(job: dict, reference: dict, atol: float) -> None:
         torch.testing.assert_close(ours[name], tensor, rtol=0, atol=atol, msg=name)
 
 
+def _losses(url: str, job_id: str) -> dict[int, float]:
+    return {m["step"]: m["values"]["loss"] for m in _get(url, job_id, "/metrics") if "loss" in m["values"]}
+
+
 def _trained_steps(url: str, job_id: str) -> list[int]:
     return [m["step"] for m in _get(url, job_id, "/metrics") if "loss" in m["values"]]
 
@@ -255,9 +259,12 @@ def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_no
     url = service["url"]
     spot = {"resources": {SPOT: 1}}
     first = spot_nodes.start()
+    # A gentler rate than the other tests': across world sizes the gradient is summed in another
+    # order, and an unstable run would amplify that round-off far more than a stable one.
+    gentle = {"learning_rate": 5e-4}
     job = _post(url, _body("elastic", ELASTIC_STEPS, workers=(1, 3), scaling=spot,
-                           checkpoint={"every_steps": 50}))
-    reference = _post(url, _body("elastic-reference", ELASTIC_STEPS, workers=1))
+                           checkpoint={"every_steps": 50}, hyperparameters=gentle))
+    reference = _post(url, _body("elastic-reference", ELASTIC_STEPS, workers=1, hyperparameters=gentle))
     jid = job["id"]
     _until("training on one worker", lambda: _step_at_least(url, jid, 10))
     assert _get(url, jid)["num_workers"] == 1
@@ -286,8 +293,16 @@ def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_no
     assert done["preemptions"] == 1 and done["resizes"] == 2 and done["restarts"] == 0
     assert done["num_workers"] == 1 and first.poll() is None
     assert sorted(set(_trained_steps(url, jid))) == list(range(1, ELASTIC_STEPS + 1))
-    # Different world sizes sum the same gradient in a different order: fp32 round-off only.
-    _assert_same_adapter(done, reference, atol=1e-4)
+    # Until the job first grew it ran at the reference's world size: the same losses, bit for bit.
+    ours, theirs = _losses(url, jid), _losses(url, reference["id"])
+    before_growth = range(1, grown["data"]["step"] + 1)
+    assert [ours[s] for s in before_growth] == [theirs[s] for s in before_growth]
+    # After it, 2 workers sum each gradient in another order than 1 does: fp32 round-off, which
+    # training then carries along; the run stays the reference's run to within a fraction of 1%.
+    assert max(abs(ours[s] - theirs[s]) / theirs[s] for s in theirs) < 5e-3
+    a, b = _adapter(done), _adapter(reference)
+    difference = sum(float(((a[k] - b[k]) ** 2).sum()) for k in b) ** 0.5
+    assert difference / sum(float((b[k] ** 2).sum()) for k in b) ** 0.5 < 1e-2
     checkpoints = _get(url, jid, "/checkpoints")
     assert all(c["size_bytes"] > 0 for c in checkpoints)
     assert {c["reason"] for c in checkpoints} >= {"interval", "preemption", "final"}
