@@ -207,3 +207,27 @@ def test_forced_options_are_kept_and_auto_is_planned(client, data):
     qlora = check_request(JobCreate(model="tiny-llama", training_file=train, method={"type": "qlora"}),
                           service.settings).choice
     assert qlora.strategy == "ddp"
+
+
+def test_recovery_and_elastic_options_are_checked_and_kept(client, data):
+    train = data("train.jsonl", [CHAT] * 3)
+    bad = client.post("/jobs", json={
+        "model": "tiny-llama", "training_file": train,
+        "scaling": {"min_workers": 1, "max_workers": 2, "resources": {"GPU": 1}},
+        "checkpoint": {"every_seconds": 1}, "recovery": {"max_restarts": -1},
+    })
+    problems = _problems(bad)
+    assert "custom resource" in problems["scaling.resources"] and "use_gpu" in problems["scaling.resources"]
+    assert set(problems) >= {"checkpoint.every_seconds", "recovery.max_restarts"}
+    _nothing_stored(client)
+
+    good = client.post("/jobs", json={
+        "model": "tiny-llama", "training_file": train,
+        "scaling": {"min_workers": 1, "max_workers": 2, "resources": {"spot": 1}},
+        "checkpoint": {"every_seconds": 600}, "recovery": {"max_restarts": 5},
+    })
+    assert good.status_code == 201, good.text
+    job = good.json()
+    assert job["scaling"]["resources"] == {"spot": 1.0} and job["recovery"]["max_restarts"] == 5
+    assert job["checkpoint"]["every_seconds"] == 600
+    assert (job["restarts"], job["preemptions"], job["resizes"], job["lost_steps"]) == (0, 0, 0, 0)
