@@ -1,7 +1,7 @@
 # make setup  - create .venv with torch (CPU wheel pinned first) and this project, build the bundled model
 # make demo   - set up if needed, then run a real LoRA job through the running service
 # make test   - set up if needed, then run the whole test suite
-# make bench  - set up if needed, then benchmark the memory planner against measured peaks (BENCHMARKS.md)
+# make bench  - set up if needed, then the benchmarks: planner vs measured memory, recovery costs (BENCHMARKS.md)
 
 PYTHON ?= python3
 VENV := .venv
@@ -39,3 +39,4 @@ clean:
 
 bench: setup
 	$(PY) bench/memory.py
+	$(PY) bench/recovery.py

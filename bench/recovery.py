@@ -142,8 +142,7 @@ def run(steps: int) -> str:
     import ray
     from ray import serve
 
-    from service.local import wait_healthy
-    from tests.e2e.conftest import deploy_service
+    from service.local import deploy_app, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="eft-bench-recovery-"))
     dash_port, port = _free_port(), _free_port()
@@ -151,8 +150,9 @@ def run(steps: int) -> str:
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)
     dashboard = f"http://127.0.0.1:{dash_port}"
     try:
-        url = deploy_service({"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": dashboard,
-                              "EFT_SCHEDULER_INTERVAL_S": "0.5"}, port)
+        deploy_app({"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": dashboard,
+                    "EFT_SCHEDULER_INTERVAL_S": "0.5"}, port)
+        url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
         b = Bench(url, dashboard)
         plain = b.submit(body("no-checkpoints", steps, 100_000))

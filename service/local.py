@@ -85,17 +85,24 @@ def wait_healthy(url: str, timeout_s: float = 120.0) -> dict[str, Any]:
 def deploy(settings: Settings, port: int) -> str:
     """Deploy (or redeploy) the service on the running Ray cluster. Returns its URL."""
     import ray
+
+    ray.init(address="auto", ignore_reinit_error=True, log_to_driver=False)
+    deploy_app(_service_env(settings), port, settings.host)
+    return f"http://{settings.host}:{port}"
+
+
+def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.0.1") -> None:
+    """Deploy the service as the Serve app `eft` on the connected Ray cluster, with these
+    `EFT_*` variables in its replica. A redeploy replaces the replica (and its scheduler), as
+    a service restart does; `port` starts Serve's HTTP proxy first (None: keep the running one)."""
     from ray import serve
 
     from service.deployment import EftService
 
-    ray.init(address="auto", ignore_reinit_error=True, log_to_driver=False)
-    serve.start(http_options={"host": settings.host, "port": port})
-    deployment = EftService.options(
-        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": _service_env(settings)}}
-    )
+    if port is not None:
+        serve.start(http_options={"host": host, "port": port})
+    deployment = EftService.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
     serve.run(deployment.bind(), name=APP_NAME, route_prefix="/", blocking=False)
-    return f"http://{settings.host}:{port}"
 
 
 def up(port: int | None = None, num_cpus: int | None = None) -> dict[str, Any]:

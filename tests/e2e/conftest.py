@@ -42,27 +42,13 @@ def ray_cluster():
     ray.shutdown()
 
 
-def deploy_service(env: dict[str, str], port: int | None = None) -> str:
-    """(Re)deploy the service as the Serve app "eft" with these `EFT_*` variables. A
-    redeploy replaces the replica (and its scheduler thread), as a service restart does."""
-    from ray import serve
-
-    from service.deployment import EftService
-
-    if port is not None:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-    deployment = EftService.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
-    serve.run(deployment.bind(), name="eft", route_prefix="/", blocking=False)
-    return f"http://127.0.0.1:{port}" if port is not None else ""
-
-
 @pytest.fixture(scope="session")
 def service(ray_cluster, tmp_path_factory):
     """The service on Ray Serve, with its own EFT_HOME. Yields its settings as a dict, with
     `restart(**overrides)` to restart it with some settings changed (and back with none)."""
     from ray import serve
 
-    from service.local import wait_healthy
+    from service.local import deploy_app, wait_healthy
 
     home = tmp_path_factory.mktemp("eft-home")
     (home / "data").mkdir()
@@ -76,12 +62,13 @@ def service(ray_cluster, tmp_path_factory):
         "EFT_WORKER_START_TIMEOUT_S": "20",
     }
     port = _free_port()
-    url = deploy_service(env, port)
+    url = f"http://127.0.0.1:{port}"
+    deploy_app(env, port)
     wait_healthy(url)
 
     def restart(**overrides: str) -> None:
         serve.delete("eft")
-        deploy_service({**env, **overrides})
+        deploy_app({**env, **overrides})
         wait_healthy(url)
 
     yield {"url": url, "home": home, **ray_cluster, "env": env, "restart": restart}
