@@ -89,7 +89,7 @@ class Bench:
 
     def wait_checkpoint(self, job_id: str, step: int) -> None:
         while not any(c["step"] >= step for c in self.get(job_id, "/checkpoints")):
-            if self.get(job_id)["status"] != "running" and self.get(job_id)["status"] != "queued":
+            if self.get(job_id)["status"] in ("succeeded", "failed", "cancelled"):
                 raise RuntimeError(f"{job_id} ended before its checkpoint at step {step}")
             time.sleep(0.2)
 

@@ -298,11 +298,11 @@ def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_no
     before_growth = range(1, grown["data"]["step"] + 1)
     assert [ours[s] for s in before_growth] == [theirs[s] for s in before_growth]
     # After it, 2 workers sum each gradient in another order than 1 does: fp32 round-off, which
-    # training then carries along; the run stays the reference's run to within a fraction of 1%.
-    assert max(abs(ours[s] - theirs[s]) / theirs[s] for s in theirs) < 5e-3
+    # training then carries along; the run stays within 0.1% of the reference (seen: 1e-4).
+    assert max(abs(ours[s] - theirs[s]) / theirs[s] for s in theirs) < 1e-3
     a, b = _adapter(done), _adapter(reference)
     difference = sum(float(((a[k] - b[k]) ** 2).sum()) for k in b) ** 0.5
-    assert difference / sum(float((b[k] ** 2).sum()) for k in b) ** 0.5 < 1e-2
+    assert difference / sum(float((b[k] ** 2).sum()) for k in b) ** 0.5 < 1e-3
     checkpoints = _get(url, jid, "/checkpoints")
     assert all(c["size_bytes"] > 0 for c in checkpoints)
     assert {c["reason"] for c in checkpoints} >= {"interval", "preemption", "final"}
