@@ -141,7 +141,8 @@ def test_cancel_stops_the_ray_job_and_its_workers(service):
     assert ray_jobs.get_job_status(done["ray_submission_id"]).value == "STOPPED"
     deadline = time.monotonic() + 60
     while True:
-        alive = [a for a in list_actors(address=service["dashboard_url"], filters=[("state", "=", "ALIVE")])
+        actors = list_actors(address=service["dashboard_url"], filters=[("state", "=", "ALIVE")])
+        alive = [a for a in actors
                  if "TrainWorker" in a.class_name or "TrainController" in a.class_name]
         if not alive:
             break
