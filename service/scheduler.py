@@ -19,6 +19,7 @@ from service.launcher import Launcher, RayJobState
 from service.lifecycle import IllegalTransition
 from service.settings import Settings
 from service.store import JobRecord, Store, utcnow
+from training.config import TrainConfig
 
 log = logging.getLogger("eft.scheduler")
 
@@ -147,7 +148,7 @@ class Scheduler:
             return
         if job.status is not JobStatus.running:
             return
-        budget = int((job.config or {}).get("max_restarts", 3))
+        budget = int((job.config or {}).get("max_restarts", TrainConfig.max_restarts))
         if job.restarts < budget:
             requeued = self._safe_transition(
                 job, JobStatus.queued,

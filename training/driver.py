@@ -24,11 +24,6 @@ from typing import Any
 import ray.train
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-
-from api.models import JobStatus
-from service.errors import Conflict
-from service.settings import get_settings
-from service.store import Store
 from ray.train.v2._internal.execution.callback import ControllerCallback
 from ray.train.v2._internal.execution.controller.state import (
     PreemptingState,
@@ -40,6 +35,10 @@ from ray.train.v2._internal.execution.controller.state import (
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
 from ray.train.v2.api.exceptions import PreemptionError
 
+from api.models import JobStatus
+from service.errors import Conflict
+from service.settings import get_settings
+from service.store import Store
 from training import artifacts
 from training import checkpoint as ckpt
 from training.config import TrainConfig
@@ -174,20 +173,13 @@ class JobFailurePolicy(DefaultFailurePolicy, ControllerCallback):
             self._preempting = None
 
     def make_decision(self, training_failed_error) -> FailureDecision:  # noqa: ANN001
-        if _user_error_in(training_failed_error) is not None:
+        if find_user_error(training_failed_error) is not None:
             return FailureDecision.RAISE
         if self._preempting is not None and not isinstance(training_failed_error, PreemptionError):
             training_failed_error = PreemptionError(
                 preemption_info=self._preempting.preemption_info, drain_timed_out=False
             )
         return super().make_decision(training_failed_error)
-
-
-def _user_error_in(exc: BaseException):  # noqa: ANN202
-    found = find_user_error(exc)
-    for failure in getattr(exc, "worker_failures", {}).values():
-        found = found or find_user_error(failure)
-    return found
 
 
 class JobTrainer(TorchTrainer):
@@ -232,7 +224,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list[Any], sink: Any, resize_inte
 
 
 def _fail(store: Store, job_id: str, attempt: int, exc: BaseException) -> None:
-    user_error = _user_error_in(exc)
+    user_error = find_user_error(exc)
     if user_error is not None:
         code, message, param = user_error.code, user_error.message, user_error.param
     else:

@@ -32,11 +32,16 @@ class TrainingUserError(Exception):
 
 
 def find_user_error(exc: BaseException | None) -> TrainingUserError | None:
-    """The first TrainingUserError in an exception's cause/context chain, if any."""
+    """The first TrainingUserError in an exception's cause/context chain, or in any worker's
+    failure when it is Ray Train's error for a worker group (`worker_failures`), if any."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, TrainingUserError):
             return exc
+        for failure in getattr(exc, "worker_failures", {}).values():
+            found = find_user_error(failure)
+            if found is not None:
+                return found
         exc = exc.__cause__ or exc.__context__
     return None

@@ -225,7 +225,7 @@ class Recipe:
                 self.strategy.module.save_pretrained(directory / "adapter", state_dict=trainable)
                 self.tokenizer.save_pretrained(directory / "adapter")
             saved = ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None
-            ray.train.report({**metrics, "checkpoint_step": self.step}, checkpoint=saved)
+            ray.train.report(metrics, checkpoint=saved)
         self.last_checkpoint_at = time.monotonic()
 
     def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
