@@ -1,7 +1,8 @@
 # make setup  - create .venv with torch (CPU wheel pinned first) and this project, build the bundled model
 # make demo   - set up if needed, then run a real LoRA job through the running service
 # make test   - set up if needed, then run the whole test suite
-# make bench  - set up if needed, then the benchmarks: planner vs measured memory, recovery costs (BENCHMARKS.md)
+# make bench  - set up if needed, then the benchmarks: planner vs measured memory, recovery costs,
+#               speed vs transformers.Trainer + PEFT, service overhead, start and API latency, GPU MFU (BENCHMARKS.md)
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,16 +11,18 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.eft-setup-done
 MODEL := assets/models/tiny-llama/config.json
 
-.PHONY: setup demo test test-unit clean bench
+.PHONY: setup demo test test-unit clean bench chromium
 
 setup: $(STAMP) $(MODEL)
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, pinned: a looser requirement pulled in by another package would fetch a CUDA build.
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet -e '.[test]'
+# Headless Chromium for the web page's browser test (Debian's package); only the tests need it,
+# so `make demo` never asks for root. Skipped when present.
+chromium:
+	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
+
+# The install steps live in deploy/install.sh, which the Dockerfile runs too.
+$(STAMP): pyproject.toml deploy/install.sh
+	PYTHON=$(PYTHON) sh deploy/install.sh $(VENV) $(TORCH_VERSION) test
 	touch $(STAMP)
 
 $(MODEL): $(STAMP) training/tiny.py
@@ -28,7 +31,7 @@ $(MODEL): $(STAMP) training/tiny.py
 demo: setup
 	$(PY) examples/demo.py
 
-test: setup
+test: setup chromium
 	$(PY) -m pytest tests
 
 test-unit: setup
@@ -40,3 +43,5 @@ clean:
 bench: setup
 	$(PY) bench/memory.py
 	$(PY) bench/recovery.py
+	$(PY) bench/speed.py
+	$(PY) bench/gpu.py

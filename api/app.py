@@ -12,20 +12,48 @@ import uuid
 from importlib import metadata
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.deps import JobServiceDep
-from api.models import Health
-from api.routes import jobs, plan
+
+from api.deps import JobServiceDep, get_principal
+from api.models import ErrorResponse, Health
+from api.routes import files, jobs, openai, plan
+from api.routes import logs as logs_routes
+from api.routes import manifest as manifest_routes
+from api.routes import metrics as metrics_routes
+from api.routes import ui as ui_routes
+from service import jsonlog
+from service.auth import KeyStore
+from service.files import FileStore
+from service.idempotency import Idempotency
 from service.errors import Problem, RequestInvalid, ServiceError
 from service.jobs import JobService
+from service.settings import Settings
 from service.validation import check_raw_inputs
 
 log = logging.getLogger("eft.api")
 REQUEST_ID = "x-request-id"
+
+
+_ERROR_EXAMPLE = {"error": {"type": "invalid_request_error", "code": "job_not_found",
+                            "message": "no job with id 'ftjob-x': list jobs with GET /jobs",
+                            "param": "job_id"}}
+#: Every error a route may answer, each with the one envelope (documented for every route).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description,
+             "content": {"application/json": {"example": _ERROR_EXAMPLE}}}
+    for status, description in [
+        (400, "Bad request"), (401, "Missing, invalid or revoked API key"),
+        (404, "No such object for this tenant"), (405, "Method not allowed"),
+        (409, "Conflict (state, or an Idempotency-Key reused with another body)"),
+        (413, "Body or upload too large"), (415, "Unsupported media type"),
+        (422, "Invalid request: every problem listed in `errors`"),
+        (429, "Over the tenant's quota; see Retry-After"),
+    ]
+}
 
 
 def _version() -> str:
@@ -62,7 +90,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
         errors = [p.as_dict() for p in exc.problems] if isinstance(exc, RequestInvalid) else None
-        return _error(exc.status_code, exc.type, exc.code, exc.message, exc.param, request, errors)
+        response = _error(exc.status_code, exc.type, exc.code, exc.message, exc.param, request, errors)
+        response.headers.update(getattr(exc, "headers", None) or {})
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -77,7 +107,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+                415: "unsupported_media_type"}.get(exc.status_code, "http_error")
         return _error(exc.status_code, "invalid_request_error", code, str(exc.detail), None, request)
 
     @app.exception_handler(Exception)
@@ -88,26 +119,60 @@ def _install_error_handlers(app: FastAPI) -> None:
                       None, request)
 
 
+def _declared_body_too_large(request: Request, settings: Settings) -> str | None:
+    """Why a body is refused from its Content-Length alone (None if it is not), so that the
+    413 carries the error envelope; bodies without one are cut off by FastAPI's own limit."""
+    upload = request.url.path.startswith(("/files", "/v1/files"))
+    limit = settings.max_upload_bytes + 1024**2 if upload else settings.max_request_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        setting = "EFT_MAX_UPLOAD_BYTES" if upload else "EFT_MAX_REQUEST_BYTES"
+        return f"the body has {declared} bytes, over the limit of {limit}: send less, or ask the operator to raise {setting}"
+    return None
+
+
 def create_app(job_service: JobService) -> FastAPI:
     """The service's FastAPI application, serving `job_service`."""
+    settings = job_service.settings
     app = FastAPI(
         title="eft: elastic fine-tuning on Ray",
         version=_version(),
         description="Fine-tune Hugging Face models with LoRA, QLoRA or full training on Ray Train.",
     )
     app.state.job_service = job_service
+    app.state.keys = KeyStore(job_service.store.engine, settings.admin_api_key, settings.admin_tenant)
+    app.state.idempotency = Idempotency(job_service.store.engine)
+    app.state.files = FileStore(job_service.store.engine, settings)
 
     @app.middleware("http")
     async def request_id(request: Request, call_next):  # noqa: ANN001, ANN202
         rid = request.headers.get(REQUEST_ID) or f"req_{uuid.uuid4().hex[:16]}"
         request.state.request_id = rid
-        response = await call_next(request)
+        too_large = _declared_body_too_large(request, settings)
+        if too_large is not None:
+            return _error(413, "invalid_request_error", "payload_too_large", too_large, "body", request)
+        token = jsonlog.bind(request_id=rid)
+        try:
+            response = await call_next(request)
+        finally:
+            jsonlog.unbind(token)
         response.headers[REQUEST_ID] = rid
         return response
 
     _install_error_handlers(app)
-    app.include_router(jobs.router)
-    app.include_router(plan.router)
+    metrics_routes.install(app)
+    json_limit = settings.max_request_bytes
+    app.include_router(jobs.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
+    app.include_router(plan.router, dependencies=[Depends(get_principal)], responses=ERROR_RESPONSES,
+                       max_body_size=json_limit)
+    # Uploads may be larger than JSON bodies; FileStore enforces the exact upload limit.
+    upload_limit = settings.max_upload_bytes + 1024**2
+    app.include_router(files.router, max_body_size=upload_limit, responses=ERROR_RESPONSES)
+    app.include_router(files.router, prefix="/v1", max_body_size=upload_limit, include_in_schema=False)
+    app.include_router(openai.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
+    app.include_router(logs_routes.router, responses=ERROR_RESPONSES)
+    app.include_router(manifest_routes.router, responses=ERROR_RESPONSES)
+    ui_routes.install(app)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(service: JobServiceDep) -> Health:

@@ -1,22 +1,51 @@
-"""FastAPI dependencies as `Annotated` aliases: the job service and the calling tenant."""
+"""FastAPI dependencies as `Annotated` aliases: the job service and the caller.
+
+`CurrentPrincipal` is the authenticated caller (tenant and role, from `Authorization: Bearer`);
+`CurrentTenant` is the tenant whose objects the caller may see, None for an admin (every tenant).
+Create with `principal.tenant`, read with `CurrentTenant`.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.auth import KeyStore, Principal
+from service.idempotency import Idempotency
 from service.jobs import JobService
+
+# Documents the scheme in OpenAPI; the key itself is checked by KeyStore.authenticate.
+bearer = HTTPBearer(auto_error=False, description="An API key: `eft keys create`, or the one `eft up` writes.")
 
 
 def get_job_service(request: Request) -> JobService:
     return request.app.state.job_service
 
 
-def get_tenant() -> str:
-    # Every caller is the default tenant until API keys resolve one.
-    return "default"
+def get_principal(
+    request: Request,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Principal:
+    keys: KeyStore = request.app.state.keys
+    principal = keys.authenticate(request.headers.get("authorization"))
+    request.state.tenant = principal.tenant
+    return principal
+
+
+def get_idempotency(request: Request) -> Idempotency:
+    return request.app.state.idempotency
+
+
+def get_tenant(principal: Annotated[Principal, Depends(get_principal)]) -> str | None:
+    return principal.scope
 
 
 JobServiceDep = Annotated[JobService, Depends(get_job_service)]
-CurrentTenant = Annotated[str, Depends(get_tenant)]
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+CurrentTenant = Annotated[str | None, Depends(get_tenant)]
+IdempotencyDep = Annotated[Idempotency, Depends(get_idempotency)]
+IdempotencyKey = Annotated[str | None, Header(max_length=256, description=(
+    "Repeat a create safely: the same key and body return the first result, the same key with "
+    "another body is a 409."))]

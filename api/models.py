@@ -184,6 +184,26 @@ class Optimizations(_Request):
     offload: Literal["auto", "none", "optimizer", "optimizer+params"] = Field(
         "auto", description="Move optimizer state (and, with zero3/fsdp, parameters) to CPU memory."
     )
+    packing: bool = Field(
+        True, description="Pack examples into full max_seq_len rows with no attention across them: "
+        "no compute spent on padding, same loss. false pads each micro-batch instead."
+    )
+    compile: bool = Field(
+        False, description="torch.compile the model: faster steps after a one-off compile at start."
+    )
+
+
+class Trackers(_Request):
+    """Experiment trackers the job also logs its step metrics to."""
+
+    tensorboard: bool = Field(
+        False, description="Write TensorBoard event files; they land in the artifact's tensorboard/ "
+        "folder (and under <artifact root>/<job id>.tensorboard while the job runs)."
+    )
+    mlflow: bool = Field(
+        False, description="Log to MLflow at the service's EFT_MLFLOW_TRACKING_URI (default: a file "
+        "store under the service's home), one run per attempt named after the job."
+    )
 
 
 class JobCreate(_Request):
@@ -207,6 +227,7 @@ class JobCreate(_Request):
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     recovery: Recovery = Field(default_factory=Recovery)
     optimizations: Optimizations = Field(default_factory=Optimizations)
+    trackers: Trackers = Field(default_factory=Trackers)
     name: str | None = Field(None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
 
@@ -236,6 +257,7 @@ class Job(_Response):
     checkpoint: CheckpointPolicy
     recovery: Recovery = Field(default_factory=Recovery)
     optimizations: Optimizations = Field(default_factory=Optimizations)
+    trackers: Trackers = Field(default_factory=Trackers)
     name: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
@@ -259,12 +281,23 @@ class Job(_Response):
         "gradient_checkpointing, attention, precision and the planner's predicted_memory_gb."
     )
     result_metrics: dict[str, float] = Field(default_factory=dict)
+    progress: float | None = Field(
+        None, ge=0, le=1, description="Share of the optimizer steps done, 0-1, once the job is planned."
+    )
+    estimated_finish: datetime | None = Field(
+        None, description="When a running job should finish, from its recent step time."
+    )
+    trained_tokens: int | None = Field(
+        None, description="Input tokens trained so far (steps trained again after a resume count again)."
+    )
 
-    @property
-    def progress(self) -> float | None:
-        if not self.total_steps:
-            return None
-        return min(1.0, self.step / self.total_steps)
+
+class JobLogs(_Response):
+    object: Literal["fine_tuning.job.logs"] = "fine_tuning.job.logs"
+    job_id: str
+    attempt: int
+    ray_submission_id: str
+    data: str = Field(description="The attempt's driver output, as Ray Jobs captured it.")
 
 
 class JobList(_Response):

@@ -91,6 +91,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from bench.report import replace_section  # noqa: E402
 
 SECTION = "## Memory: planner vs measured"
 GB = 1e9
@@ -575,26 +576,6 @@ planner assumes 16-bit mixed precision.
 """
 
 
-def replace_section(path: Path, section: str) -> None:
-    """Put `section` (starting with the SECTION heading) into `path`, replacing the old one in
-    place (up to the next level-2 heading) and leaving every other section alone."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    new = section.rstrip("\n").splitlines()
-    if start is None:
-        while lines and not lines[-1].strip():
-            lines.pop()
-        lines += [""] + new
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        tail = lines[end:]
-        lines = lines[:start] + new + ([""] + tail if tail else [])
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -649,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     section = render(info, results, args, device, time.perf_counter() - started,
                      children.ru_utime + children.ru_stime, (load_start, os.getloadavg()[0]), theta,
                      grid_note(args.quick))
-    replace_section(args.output, section)
+    replace_section(args.output, SECTION, section)
     print(section)
     print(f"\nwrote {args.output}", file=sys.stderr)
     return 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import secrets
 import signal
 import socket
 import statistics
@@ -44,6 +45,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.report import replace_section  # noqa: E402
 SECTION = "## Recovery: what a failure costs"
 
 
@@ -65,9 +67,10 @@ def body(name: str, steps: int, every: int) -> dict[str, Any]:
 
 
 class Bench:
-    def __init__(self, url: str, dashboard: str):
+    def __init__(self, url: str, dashboard: str, api_key: str):
         self.url, self.dashboard = url, dashboard
-        self.http = httpx.Client(base_url=url, timeout=30)
+        self.http = httpx.Client(base_url=url, timeout=30,
+                                 headers={"Authorization": f"Bearer {api_key}"})
 
     def get(self, job_id: str, what: str = "") -> Any:
         data = self.http.get(f"/jobs/{job_id}{what}").raise_for_status().json()
@@ -150,11 +153,12 @@ def run(steps: int) -> str:
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)
     dashboard = f"http://127.0.0.1:{dash_port}"
     try:
+        admin_key = "eft-bench-" + secrets.token_urlsafe(16)
         deploy_app({"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": dashboard,
-                    "EFT_SCHEDULER_INTERVAL_S": "0.5"}, port)
+                    "EFT_SCHEDULER_INTERVAL_S": "0.5", "EFT_ADMIN_API_KEY": admin_key}, port)
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
-        b = Bench(url, dashboard)
+        b = Bench(url, dashboard, admin_key)
         plain = b.submit(body("no-checkpoints", steps, 100_000))
         b.wait(plain)
         every = b.submit(body("every-20", steps, 20))
@@ -202,17 +206,6 @@ def run(steps: int) -> str:
     return "\n".join(lines)
 
 
-def replace_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=240)
@@ -220,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     section = run(args.steps)
     print(section)
-    replace_section(args.output, section)
+    replace_section(args.output, SECTION, section)
     return 0
 
 

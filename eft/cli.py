@@ -44,6 +44,7 @@ from api.models import (
     Strategy,
 )
 from eft._errors import APIStatusError, EftError
+from eft import monitor
 from eft.client import Client
 
 app = typer.Typer(help="Elastic fine-tuning on Ray.", no_args_is_help=True, add_completion=False)
@@ -173,16 +174,6 @@ def _show_job(job: Job, as_json: bool) -> None:
     out.print(_table("", "", rows=rows))
 
 
-def _metric_text(metric: JobMetric | None) -> str:
-    if metric is None:
-        return ""
-    values = metric.values
-    parts = [f"{key} {values[key]:.4f}" for key in ("loss", "eval_loss") if key in values]
-    if "tokens_per_s" in values:
-        parts.append(f"{values['tokens_per_s']:,.0f} tok/s")
-    return "  ".join(parts)
-
-
 # --- commands ------------------------------------------------------------------------------
 
 
@@ -203,8 +194,10 @@ def up(port: Annotated[int, typer.Option(help="Port of the REST API.")] = 8000,
     if as_json:
         return _emit_json(info)
     ray = "started" if info["started_ray"] else "already running (reused)"
-    out.print(_table("", "", rows=[("service", info["service_url"]),
-                                   ("dashboard", info["dashboard_url"]), ("ray", ray)]))
+    rows = [("service", info["service_url"]), ("dashboard", info["dashboard_url"]), ("ray", ray)]
+    if info.get("config"):
+        rows.append(("api key", f"in {info['config']}"))
+    out.print(_table("", "", rows=rows))
 
 
 def down(as_json: AsJson = False) -> None:
@@ -354,7 +347,7 @@ def _wait_with_progress(client: Client, job_id: str, poll_interval_s: float,
         task = bar.add_task(job_id, total=None, info="")
 
         def show(job: Job, metric: JobMetric | None) -> None:
-            bar.update(task, completed=job.step, total=job.total_steps, info=_metric_text(metric),
+            bar.update(task, completed=job.step, total=job.total_steps, info=monitor.progress_text(job, metric),
                        description=f"{job.id} {job.status.value}")
 
         return client.jobs.wait(job_id, poll_interval_s, timeout_s, on_progress=show)
@@ -384,8 +377,47 @@ def jobs_wait(
     timeout_s: Annotated[float | None, typer.Option("--timeout", help="Give up after s.")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Follow a job to its end with a progress bar; exit 0 only if it succeeded."""
+    """Follow a job to its end with a progress bar (step, loss, tokens/s, ETA); exit 0 only if it
+    succeeded. `eft jobs watch` is the same command."""
     _wait_and_report(_client(ctx), job_id, poll_interval_s, timeout_s, as_json)
+
+
+def jobs_logs(
+    ctx: typer.Context,
+    job_id: JobId,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
+    attempt: Annotated[int | None, typer.Option(min=1, help="An earlier attempt's logs.")] = None,
+    tail: Annotated[int | None, typer.Option(min=1, help="Only the last N lines.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Print a job's driver logs from Ray Jobs: `eft jobs logs ftjob-... --follow`."""
+    client = _client(ctx)
+    if follow:
+        for line in client.jobs.follow_logs(job_id, attempt=attempt):
+            typer.echo(json.dumps({"line": line}) if as_json else line)
+        return
+    logs = client.jobs.logs(job_id, attempt=attempt, tail=tail)
+    if as_json:
+        return _emit_json(logs)
+    typer.echo(logs.data, nl=not logs.data.endswith("\n"))
+
+
+def jobs_plot(
+    ctx: typer.Context,
+    job_id: JobId,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="PNG path; default <job id>-loss.png.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Write a PNG of a job's loss and eval-loss curves: `eft jobs plot ftjob-... -o loss.png`."""
+    client = _client(ctx)
+    job = client.jobs.retrieve(job_id)
+    try:
+        path = monitor.plot_losses(job, client.jobs.metrics(job_id).data, output or Path(f"{job_id}-loss.png"))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if as_json:
+        return _emit_json({"job_id": job_id, "path": str(path)})
+    out.print(Text(f"wrote {path}"))
 
 
 # --- eft plan ------------------------------------------------------------------------------
@@ -540,9 +572,17 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "up": up, "down": down,
     "jobs create": jobs_create, "jobs list": jobs_list, "jobs get": jobs_get,
     "jobs cancel": jobs_cancel, "jobs events": jobs_events, "jobs wait": jobs_wait,
+    "jobs watch": jobs_wait, "jobs logs": jobs_logs, "jobs plot": jobs_plot,
     "plan": plan,
 }
 _GROUPS = {"": app, "jobs": jobs_app}
+# `eft keys` and `eft files` live in their own module, which uses the helpers above.
+from eft import cli_accounts  # noqa: E402
+
+COMMANDS.update(cli_accounts.COMMANDS)
+for _group_name, _group_app in cli_accounts.GROUPS.items():
+    app.add_typer(_group_app, name=_group_name)
+    _GROUPS[_group_name] = _group_app
 for _name, _command in COMMANDS.items():
     _group, _, _leaf = _name.rpartition(" ")
     _GROUPS[_group].command(_leaf)(_guarded(_command))

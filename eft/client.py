@@ -2,7 +2,7 @@
 
     from eft import Client
 
-    client = Client()  # EFT_BASE_URL (default http://127.0.0.1:8000) and EFT_API_KEY
+    client = Client()  # EFT_BASE_URL and EFT_API_KEY, else ~/.eft/config.json (`eft up` writes it)
     job = client.jobs.create(model="tiny-llama", training_file="data/train.jsonl",
                              hyperparameters={"max_steps": 20})
     job = client.jobs.wait(job.id, on_progress=lambda job, metric: print(job.step, metric))
@@ -23,7 +23,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from email.utils import parsedate_to_datetime
 from importlib import metadata
 from typing import Any, TypeVar
@@ -31,17 +31,20 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from api.file_models import DatasetReport, FileDeleted, FileList, FileObject, ValidateRequest
 from api.models import (
     Health,
     Job,
     JobCreate,
     JobEventList,
     JobList,
+    JobLogs,
     JobMetricList,
     JobStatus,
     Plan,
     PlanRequest,
 )
+from eft._config import read_config
 from eft._errors import APIConnectionError, APITimeoutError, WaitTimeoutError, status_error
 
 try:
@@ -100,17 +103,33 @@ def _list_params(limit: int, after: str | None, status: JobStatus | str | None) 
     return params
 
 
+def sse_lines(lines: Iterable[str]) -> Iterator[str]:
+    """The `data:` payloads of server-sent events, one per log line; other fields and
+    comments (keep-alives, attempt and end markers) are skipped."""
+    event = None
+    for line in lines:
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line == "":
+            event = None
+        elif line.startswith("data:") and event is None:
+            yield line[6:] if line.startswith("data: ") else line[5:]
+
+
 class _BaseClient:
     """Configuration and the retry policy shared by `Client` and `AsyncClient`."""
 
     def __init__(self, base_url: str | None, api_key: str | None, timeout: float, max_retries: int):
-        self.base_url = (base_url or os.environ.get("EFT_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        self.api_key = api_key if api_key is not None else os.environ.get("EFT_API_KEY")
+        saved = read_config()
+        self.base_url = (base_url or os.environ.get("EFT_BASE_URL") or saved.get("base_url")
+                         or DEFAULT_BASE_URL).rstrip("/")
+        self.api_key = api_key if api_key is not None else (os.environ.get("EFT_API_KEY")
+                                                           or saved.get("api_key"))
         self.timeout = timeout
         self.max_retries = max_retries
 
     def _request_kwargs(self, method: str, path: str, json: Any, params: Mapping | None,
-                        idempotency_key: str | None) -> dict[str, Any]:
+                        idempotency_key: str | None, **extra: Any) -> dict[str, Any]:
         headers = {"Accept": "application/json", "User-Agent": f"eft-python/{__version__}"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -118,7 +137,7 @@ class _BaseClient:
             headers["Idempotency-Key"] = idempotency_key
         query = {k: v for k, v in (params or {}).items() if v is not None}
         return {"method": method, "url": self.base_url + path, "json": json, "params": query,
-                "headers": headers, "timeout": self.timeout}
+                "headers": headers, "timeout": self.timeout, **extra}
 
     def _retry_delay_s(self, attempt: int, response: httpx.Response | None) -> float:
         if response is not None and (after := _retry_after_s(response)) is not None:
@@ -163,6 +182,7 @@ class Client(_BaseClient):
         self._http = http_client or httpx.Client()
         self._sleep = sleep or time.sleep
         self.jobs = Jobs(self)
+        self.files = Files(self)
 
     def health(self) -> Health:
         """Return the service's health (GET /healthz); raises `EftError` subclasses."""
@@ -189,8 +209,8 @@ class Client(_BaseClient):
         self.close()
 
     def _request(self, method: str, path: str, *, cast: type[M], json: Any = None,
-                 params: Mapping | None = None, idempotency_key: str | None = None) -> M:
-        kwargs = self._request_kwargs(method, path, json, params, idempotency_key)
+                 params: Mapping | None = None, idempotency_key: str | None = None, **extra: Any) -> M:
+        kwargs = self._request_kwargs(method, path, json, params, idempotency_key, **extra)
         for attempt in range(self.max_retries + 1):
             try:
                 response = self._http.request(**kwargs)
@@ -217,6 +237,7 @@ class AsyncClient(_BaseClient):
         self._http = http_client or httpx.AsyncClient()
         self._sleep = sleep or asyncio.sleep
         self.jobs = AsyncJobs(self)
+        self.files = AsyncFiles(self)
 
     async def health(self) -> Health:
         """Return the service's health (GET /healthz); raises `EftError` subclasses."""
@@ -238,8 +259,8 @@ class AsyncClient(_BaseClient):
         await self.close()
 
     async def _request(self, method: str, path: str, *, cast: type[M], json: Any = None,
-                       params: Mapping | None = None, idempotency_key: str | None = None) -> M:
-        kwargs = self._request_kwargs(method, path, json, params, idempotency_key)
+                       params: Mapping | None = None, idempotency_key: str | None = None, **extra: Any) -> M:
+        kwargs = self._request_kwargs(method, path, json, params, idempotency_key, **extra)
         for attempt in range(self.max_retries + 1):
             try:
                 response = await self._http.request(**kwargs)
@@ -333,6 +354,27 @@ class Jobs:
         """Return the job's reported training metrics, oldest step first."""
         return self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList)
 
+    def logs(self, job_id: str, attempt: int | None = None, tail: int | None = None) -> JobLogs:
+        """Return the driver logs of the job's latest attempt (or `attempt`), from Ray Jobs."""
+        return self._client._request("GET", f"/jobs/{job_id}/logs", cast=JobLogs,
+                                     params={"attempt": attempt, "tail": tail})
+
+    def follow_logs(self, job_id: str, attempt: int | None = None) -> Iterator[str]:
+        """Yield the job's log lines as they are written, until the job ends (server-sent
+        events from GET /jobs/{id}/logs?follow=true). Raises `EftError` subclasses."""
+        kwargs = self._client._request_kwargs("GET", f"/jobs/{job_id}/logs", None,
+                                              {"follow": "true", "attempt": attempt}, None)
+        kwargs["headers"]["Accept"] = "text/event-stream"
+        kwargs["timeout"] = httpx.Timeout(self._client.timeout, read=None)
+        try:
+            with self._client._http.stream(**kwargs) as response:
+                if not response.is_success:
+                    response.read()
+                    self._client._parse(response, JobLogs)
+                yield from sse_lines(response.iter_lines())
+        except httpx.TransportError as exc:
+            raise self._client._transport_error(exc, kwargs["url"]) from exc
+
     def wait(self, job_id: str, poll_interval_s: float = 1.0, timeout_s: float | None = None,
              on_progress: ProgressCallback | None = None) -> Job:
         """Poll until the job is succeeded, failed or cancelled and return it.
@@ -391,6 +433,11 @@ class AsyncJobs:
         """Return the job's reported training metrics, oldest step first."""
         return await self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList)
 
+    async def logs(self, job_id: str, attempt: int | None = None, tail: int | None = None) -> JobLogs:
+        """Return the driver logs of the job's latest attempt (or `attempt`)."""
+        return await self._client._request("GET", f"/jobs/{job_id}/logs", cast=JobLogs,
+                                           params={"attempt": attempt, "tail": tail})
+
     async def wait(self, job_id: str, poll_interval_s: float = 1.0, timeout_s: float | None = None,
                    on_progress: ProgressCallback | None = None) -> Job:
         """Poll until the job is terminal and return it; `on_progress` may be sync or async.
@@ -410,3 +457,70 @@ class AsyncJobs:
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(job, timeout_s)
             await self._client._sleep(poll_interval_s)
+
+
+def _upload_fields(file: str | os.PathLike | bytes, filename: str | None, purpose: str) -> dict:
+    """Multipart fields of an upload; the bytes are read once so retries resend the same file."""
+    if isinstance(file, bytes):
+        content, name = file, filename or "data.jsonl"
+    else:
+        with open(file, "rb") as fh:
+            content = fh.read()
+        name = filename or os.path.basename(os.fspath(file))
+    return {"files": {"file": (name, content, "application/octet-stream")}, "data": {"purpose": purpose}}
+
+
+class Files:
+    """`client.files`: upload, list, retrieve, validate and delete training files."""
+
+    def __init__(self, client: Client):
+        self._client = client
+
+    def create(self, file: str | os.PathLike | bytes, filename: str | None = None,
+               purpose: str = "fine-tune") -> FileObject:
+        """Upload a JSONL file (POST /files, one Idempotency-Key across retries); returns it."""
+        return self._client._request("POST", "/files", cast=FileObject, idempotency_key=str(uuid.uuid4()),
+                                     **_upload_fields(file, filename, purpose))
+
+    def list(self, limit: int = 20, after: str | None = None) -> FileList:
+        """Return one page of files, newest first; pass `next_cursor` as `after` for the next."""
+        return self._client._request("GET", "/files", cast=FileList, params={"limit": limit, "after": after})
+
+    def retrieve(self, file_id: str) -> FileObject:
+        return self._client._request("GET", f"/files/{file_id}", cast=FileObject)
+
+    def validate(self, file_id: str, **options: Any) -> DatasetReport:
+        """Check every line without creating a job; `model`, `max_seq_len`, `validation_file`."""
+        return self._client._request("POST", f"/files/{file_id}/validate", cast=DatasetReport,
+                                     json=ValidateRequest.model_validate(options).model_dump(exclude_unset=True))
+
+    def delete(self, file_id: str) -> FileDeleted:
+        return self._client._request("DELETE", f"/files/{file_id}", cast=FileDeleted)
+
+
+class AsyncFiles:
+    """`async_client.files`: the coroutine twin of `Files`."""
+
+    def __init__(self, client: AsyncClient):
+        self._client = client
+
+    async def create(self, file: str | os.PathLike | bytes, filename: str | None = None,
+                     purpose: str = "fine-tune") -> FileObject:
+        return await self._client._request("POST", "/files", cast=FileObject,
+                                           idempotency_key=str(uuid.uuid4()),
+                                           **_upload_fields(file, filename, purpose))
+
+    async def list(self, limit: int = 20, after: str | None = None) -> FileList:
+        return await self._client._request("GET", "/files", cast=FileList,
+                                           params={"limit": limit, "after": after})
+
+    async def retrieve(self, file_id: str) -> FileObject:
+        return await self._client._request("GET", f"/files/{file_id}", cast=FileObject)
+
+    async def validate(self, file_id: str, **options: Any) -> DatasetReport:
+        return await self._client._request(
+            "POST", f"/files/{file_id}/validate", cast=DatasetReport,
+            json=ValidateRequest.model_validate(options).model_dump(exclude_unset=True))
+
+    async def delete(self, file_id: str) -> FileDeleted:
+        return await self._client._request("DELETE", f"/files/{file_id}", cast=FileDeleted)

@@ -46,6 +46,8 @@ def start_stack(port: int) -> tuple[str, bool]:
     try:
         local.wait_healthy(url, timeout_s=1)
         console.print(f"[green]service already running[/] at {url}")
+        # A key of this machine's service in the user's config, for Client() below.
+        local.ensure_local_key(local.get_settings(), url)
         return url, False
     except TimeoutError:
         pass

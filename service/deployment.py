@@ -14,6 +14,7 @@ import threading
 from ray import serve
 
 from api.app import create_app
+from service import jsonlog
 from service.jobs import JobService
 from service.launcher import RayJobsLauncher
 from service.scheduler import Scheduler
@@ -34,6 +35,7 @@ def build_service(settings: Settings) -> tuple[JobService, Scheduler]:
 @serve.ingress()
 class EftService:
     def __init__(self) -> None:
+        jsonlog.configure()
         settings = get_settings()
         self.job_service, self.scheduler = build_service(settings)
         self._thread = threading.Thread(

@@ -22,6 +22,7 @@ from api.models import (
 )
 from service.errors import Conflict
 from service.launcher import Launcher
+from service.progress import progress_fields
 from service.settings import Settings
 from service.store import JobRecord, Store
 from service.validation import check_request
@@ -33,7 +34,8 @@ RESOLVED_KEYS = ("strategy", "offload", "gradient_checkpointing", "attention", "
                  "predicted_memory_gb", "total_steps")
 
 
-def to_wire(job: JobRecord) -> Job:
+def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
+    """The wire job; `latest` (the newest metrics values) adds trained tokens and a finer ETA."""
     request = JobCreate.model_validate(job.request)
     error = None
     if job.error_code:
@@ -47,6 +49,7 @@ def to_wire(job: JobRecord) -> Job:
         restarts=job.restarts, preemptions=job.preemptions, resizes=job.resizes,
         lost_steps=job.lost_steps,
         resolved={k: job.config[k] for k in RESOLVED_KEYS if k in job.config} if job.config else None,
+        **progress_fields(job, latest),
     )
 
 
@@ -72,13 +75,15 @@ class JobService:
         return to_wire(record), created
 
     def get(self, job_id: str, tenant: str) -> Job:
-        return to_wire(self.store.get_job(job_id, tenant))
+        job = self.store.get_job(job_id, tenant)
+        return to_wire(job, self.store.latest_metric_values([job.id]).get(job.id))
 
     def list(self, tenant: str, limit: int, after: str | None, status: JobStatus | None) -> JobList:
         records, has_more = self.store.list_jobs(
             tenant=tenant, limit=limit, after=after, statuses=[status] if status else None
         )
-        data = [to_wire(r) for r in records]
+        latest = self.store.latest_metric_values(r.id for r in records)
+        data = [to_wire(r, latest.get(r.id)) for r in records]
         return JobList(data=data, has_more=has_more, next_cursor=data[-1].id if has_more else None)
 
     def cancel(self, job_id: str, tenant: str) -> Job:

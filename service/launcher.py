@@ -67,6 +67,8 @@ class RayJobsLauncher:
         metadata = {"eft_job_id": job_id, "eft_attempt": str(attempt)}
         if name:
             metadata["eft_job_name"] = name[:200]
+            # The key Ray's dashboard lists as the job's name in its Jobs view.
+            metadata["job_name"] = f"{name[:180]} ({job_id})"
         self.client.submit_job(
             entrypoint=entrypoint,
             submission_id=submission_id,

@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 
+from service.serve_config import APP_NAME
 from service.settings import Settings, get_settings
 
-APP_NAME = "eft"
 RAY_DASHBOARD_PORT = 8265
 # Not Ray's default 6379: that is Redis's port, and machines with Redis often run it there.
 RAY_GCS_PORT = 6380
@@ -42,11 +42,34 @@ def ray_is_running() -> bool:
 
     if ray.is_initialized():
         return True
+    if not _recorded_cluster_answers():
+        return False
     try:
         ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError):
         return False
     return True
+
+
+def _recorded_cluster_answers() -> bool:
+    """False when the cluster address Ray recorded on this machine (RAY_ADDRESS or the file
+    `ray start` writes) no longer answers, as after a crash; `ray.init` would wait on it."""
+    import socket
+
+    from ray._private.services import get_ray_address_from_environment
+
+    try:
+        address = get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        return False
+    host, _, port = (address or "").rpartition(":")
+    if not host or not port.isdigit():
+        return True  # nothing concrete recorded: let ray.init look
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 def start_ray_head(num_cpus: int | None) -> None:
@@ -91,18 +114,26 @@ def deploy(settings: Settings, port: int) -> str:
     return f"http://{settings.host}:{port}"
 
 
-def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.0.1") -> None:
+def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.0.1",
+               num_replicas: int = 1) -> None:
     """Deploy the service as the Serve app `eft` on the connected Ray cluster, with these
-    `EFT_*` variables in its replica. A redeploy replaces the replica (and its scheduler), as
-    a service restart does; `port` starts Serve's HTTP proxy first (None: keep the running one)."""
+    `EFT_*` variables in its replicas. A redeploy replaces the replicas (and their schedulers),
+    as a service restart does; `port` starts Serve's HTTP proxy first (None: keep the running
+    one). The application is the one service/serve_config.py describes for every deployment."""
     from ray import serve
 
     from service.deployment import EftService
+    from service.serve_config import application
 
+    app = application(env, num_replicas)
+    (options,) = app["deployments"]
     if port is not None:
         serve.start(http_options={"host": host, "port": port})
-    deployment = EftService.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
-    serve.run(deployment.bind(), name=APP_NAME, route_prefix="/", blocking=False)
+    deployment = EftService.options(
+        num_replicas=options["num_replicas"],
+        ray_actor_options={**options["ray_actor_options"], "runtime_env": app["runtime_env"]},
+    )
+    serve.run(deployment.bind(), name=app["name"], route_prefix=app["route_prefix"], blocking=False)
 
 
 def up(port: int | None = None, num_cpus: int | None = None) -> dict[str, Any]:
@@ -127,7 +158,29 @@ def up(port: int | None = None, num_cpus: int | None = None) -> dict[str, Any]:
         "service_url": url,
         "dashboard_url": f"http://127.0.0.1:{RAY_DASHBOARD_PORT}",
         "started_ray": started_ray,
+        "config": str(ensure_local_key(settings, url)),
     }
+
+
+def ensure_local_key(settings: Settings, url: str) -> Path:
+    """Keep the API key in the user's config if the store still accepts it, else create an admin
+    key of the default tenant; write it and `url` to the config. Returns the config's path."""
+    from eft._config import read_config, write_config
+    from service.auth import KeyStore, Unauthenticated
+    from service.store import Store
+
+    store = Store(settings.resolved_database_url)
+    try:
+        keys = KeyStore(store.engine)
+        saved = read_config().get("api_key")
+        try:
+            keys.authenticate(f"Bearer {saved}")
+            key = saved
+        except Unauthenticated:
+            _, key = keys.create(settings.admin_tenant, "admin", name="eft up")
+    finally:
+        store.close()
+    return write_config(base_url=url, api_key=key)
 
 
 def down() -> dict[str, bool]:

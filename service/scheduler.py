@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable
 
 from api.models import JobStatus
+from service import metrics
 from service.errors import Conflict, RequestInvalid
 from service.launcher import Launcher, RayJobState
 from service.lifecycle import IllegalTransition
@@ -56,6 +58,12 @@ class Scheduler:
             self._validate_one(job)
 
     def _validate_one(self, job: JobRecord) -> None:
+        started = time.perf_counter()
+        outcome = self._validate_and_move(job)
+        metrics.VALIDATION_SECONDS.labels(outcome).observe(time.perf_counter() - started)
+
+    def _validate_and_move(self, job: JobRecord) -> str:
+        """Validate one job and move it on. Returns "queued" or "failed"."""
         from training.errors import TrainingUserError
 
         try:
@@ -63,17 +71,18 @@ class Scheduler:
         except TrainingUserError as exc:
             self._safe_transition(job, JobStatus.failed, exc.message, error_code=exc.code,
                                   error_message=exc.message, error_param=exc.param)
-            return
+            return "failed"
         except RequestInvalid as exc:
             first = exc.problems[0]
             self._safe_transition(job, JobStatus.failed, first.message, error_code=f"user_error.{first.code}",
                                   error_message=first.message, error_param=first.param)
-            return
+            return "failed"
         self._safe_transition(
             job, JobStatus.queued, f"validated: {stats['train_examples']} training examples, "
             f"{config.total_steps} steps", data=stats, config=config.to_dict(),
             total_steps=config.total_steps,
         )
+        return "queued"
 
     # --- queued -> running -----------------------------------------------------------------
 
@@ -100,12 +109,16 @@ class Scheduler:
         )
         if claimed is None:
             return False
+        metrics.QUEUE_WAIT_SECONDS.observe(max(0.0, (claimed.updated_at - job.updated_at).total_seconds()))
+        started = time.perf_counter()
         try:
             submission_id = self.launcher.submit(job.id, attempt, job.name)
         except Exception as exc:  # noqa: BLE001 - Ray unreachable, refused, ...
+            metrics.DISPATCH_SECONDS.labels("failed").observe(time.perf_counter() - started)
             log.warning("dispatch of %s attempt %s failed: %s", job.id, attempt, exc)
             self._after_dispatch_failure(claimed, exc)
             return False
+        metrics.DISPATCH_SECONDS.labels("submitted").observe(time.perf_counter() - started)
         self.store.update_job(job.id, attempt=attempt, submission_id=submission_id)
         self.store.append_event(job.id, "submitted", f"Ray Job {submission_id} submitted",
                                 data={"submission_id": submission_id}, attempt=attempt)

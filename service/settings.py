@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.storage import storage_environment
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_ASSETS = REPO_ROOT / "assets"
 
@@ -41,8 +43,24 @@ class Settings(BaseSettings):
     allow_hub_models: bool = Field(
         False, description="Accept Hugging Face hub ids (needs network on every worker)."
     )
-    checkpoint_root: str | None = Field(None, description="Ray Train storage_path; <home>/checkpoints.")
-    artifact_root: Path | None = Field(None, description="Where adapters land; <home>/artifacts.")
+    checkpoint_root: str | None = Field(
+        None, description="Ray Train storage_path: a directory or an s3://, gs://, abfs:// URI "
+        "(credentials from the environment); <home>/checkpoints."
+    )
+    artifact_root: str | None = Field(
+        None, description="Where adapters land: a directory or object-store URI; <home>/artifacts."
+    )
+    files_root: str | None = Field(
+        None, description="Where uploaded files are kept: a directory or object-store URI; "
+        "<home>/files."
+    )
+
+    db_pool_size: int = Field(5, ge=1, description="Pooled connections per process (PostgreSQL).")
+    db_max_overflow: int = Field(10, ge=0, description="Extra connections beyond the pool at peaks.")
+    db_pool_recycle_s: int = Field(
+        1800, ge=-1, description="Replace pooled connections older than this (-1: never); keep "
+        "it below any idle timeout of a proxy or load balancer in front of the database."
+    )
 
     ray_address: str = Field("auto", description="Ray cluster address for the service's ray.init.")
     ray_dashboard_url: str = Field(
@@ -53,6 +71,13 @@ class Settings(BaseSettings):
 
     gpu_memory_gb: float = Field(80.0, gt=0, description="Memory of one GPU worker, for the planner.")
     gpu_type: str | None = Field(None, description="e.g. A100 or H100: lets the planner use FlashAttention.")
+    peak_tflops_per_worker: float | None = Field(
+        None, gt=0, description="Peak TFLOP/s of one worker, for MFU; default by gpu_type, 1 on CPU "
+        "(training/telemetry.py)."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI for jobs with trackers.mlflow; file:<home>/mlruns."
+    )
     cpu_worker_memory_gb: float | None = Field(
         None, gt=0, description="Memory budget of one CPU worker; default 80% of RAM / workers."
     )
@@ -73,6 +98,19 @@ class Settings(BaseSettings):
     )
     max_validation_errors: int = Field(20, ge=1, description="Problems listed per dataset.")
     max_dataset_bytes: int = Field(2 * 1024**3, ge=1)
+    # Accounts, uploads and limits.
+    admin_api_key: str | None = Field(
+        None, description="A bootstrap admin key (not stored) for a deployment's first `eft keys create`."
+    )
+    admin_tenant: str = Field("default", description="Tenant that the bootstrap admin key creates in.")
+    max_upload_bytes: int = Field(512 * 1024**2, ge=1, description="Largest file POST /files accepts.")
+    max_request_bytes: int = Field(1024**2, ge=1, description="Largest JSON request body.")
+    max_active_jobs_per_tenant: int = Field(
+        20, ge=1, description="Queued plus running jobs a tenant may have (per-tenant row overrides)."
+    )
+    max_cpus_per_tenant: float = Field(256.0, gt=0, description="CPUs a tenant's active jobs may ask for.")
+    max_gpus_per_tenant: float = Field(64.0, ge=0, description="GPUs a tenant's active jobs may ask for.")
+    quota_retry_after_s: int = Field(30, ge=1, description="Retry-After of a 429 over quota.")
 
     @property
     def resolved_database_url(self) -> str:
@@ -85,8 +123,16 @@ class Settings(BaseSettings):
         return self.checkpoint_root or str(self.home / "checkpoints")
 
     @property
-    def resolved_artifact_root(self) -> Path:
-        return self.artifact_root or self.home / "artifacts"
+    def resolved_artifact_root(self) -> str:
+        return self.artifact_root or str(self.home / "artifacts")
+
+    @property
+    def resolved_files_root(self) -> str:
+        return self.files_root or str(self.home / "files")
+
+    @property
+    def resolved_mlflow_tracking_uri(self) -> str:
+        return self.mlflow_tracking_uri or (self.home / "mlruns").as_uri()
 
     @property
     def allowed_data_roots(self) -> list[Path]:
@@ -104,7 +150,8 @@ class Settings(BaseSettings):
             "EFT_HOME": str(self.home),
             "EFT_DATABASE_URL": self.resolved_database_url,
             "EFT_CHECKPOINT_ROOT": self.resolved_checkpoint_root,
-            "EFT_ARTIFACT_ROOT": str(self.resolved_artifact_root),
+            "EFT_ARTIFACT_ROOT": self.resolved_artifact_root,
+            "EFT_FILES_ROOT": self.resolved_files_root,
             "EFT_RESIZE_INTERVAL_S": str(self.resize_interval_s),
             "EFT_PREEMPTION_POLL_INTERVAL_S": str(self.preemption_poll_interval_s),
             "EFT_WORKER_START_TIMEOUT_S": str(self.worker_start_timeout_s),
@@ -112,6 +159,15 @@ class Settings(BaseSettings):
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.preemption_poll_interval_s),
             "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(self.worker_start_timeout_s),
         }
+        # Read by the driver's telemetry to compute MFU.
+        if self.gpu_type:
+            env["EFT_GPU_TYPE"] = self.gpu_type
+        if self.mlflow_tracking_uri:
+            env["EFT_MLFLOW_TRACKING_URI"] = self.mlflow_tracking_uri
+        if self.peak_tflops_per_worker:
+            env["EFT_PEAK_TFLOPS_PER_WORKER"] = str(self.peak_tflops_per_worker)
+        # Object-store endpoint, region and credentials, as the service itself has them.
+        env.update(storage_environment())
         return env
 
 

@@ -13,14 +13,13 @@ import secrets
 import time
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable
 
 import sqlalchemy as sa
-from sqlalchemy import event as sa_event
 
 from api.models import JobStatus
-from service import lifecycle
+from service import lifecycle, storage
+from service.db import make_engine, retry_on_disconnect
 from service.errors import Conflict, JobNotFound
 
 metadata = sa.MetaData()
@@ -166,32 +165,22 @@ class EventRecord:
     data: dict[str, Any]
 
 
-def _make_engine(url: str) -> sa.Engine:
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-
-        @sa_event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
-
-        return engine
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
-
-
+@retry_on_disconnect
 class Store:
-    """Jobs, events, metrics and checkpoints behind one SQLAlchemy engine."""
+    """Jobs, events, metrics and checkpoints behind one SQLAlchemy engine.
 
-    def __init__(self, url: str):
+    `migrate=True` (the service, at start) brings the schema to the newest migration first;
+    job drivers open the store with `migrate=False`: the service that dispatched them has
+    migrated already, and a driver never changes the schema under a running service.
+    """
+
+    def __init__(self, url: str, migrate: bool = True):
         self.url = url
-        self.engine = _make_engine(url)
-        metadata.create_all(self.engine)
+        self.engine = make_engine(url)
+        if migrate:
+            from service import migrations
+
+            migrations.upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -419,6 +408,17 @@ class Store:
             by_step[r.step] = {"step": r.step, "created_at": _aware(r.created_at), "values": merged}
         return [by_step[s] for s in sorted(by_step)]
 
+    def latest_metric_values(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The values of each job's most recent metrics row (one query for a page of jobs)."""
+        ids = list(job_ids)
+        if not ids:
+            return {}
+        latest = (sa.select(sa.func.max(job_metrics.c.id)).where(job_metrics.c.job_id.in_(ids))
+                  .group_by(job_metrics.c.job_id))
+        query = sa.select(job_metrics.c.job_id, job_metrics.c["values"]).where(job_metrics.c.id.in_(latest))
+        with self.engine.connect() as conn:
+            return {job_id: dict(values or {}) for job_id, values in conn.execute(query).all()}
+
     def record_checkpoint(
         self, job_id: str, attempt: int, step: int, path: str, metrics: dict[str, Any], *,
         world_size: int | None = None, reason: str | None = None, size_bytes: int | None = None,
@@ -441,7 +441,7 @@ class Store:
             return [
                 {"step": r.step, "attempt": r.attempt, "path": r.path, "metrics": r.metrics,
                  "world_size": r.world_size, "reason": r.reason, "size_bytes": r.size_bytes,
-                 "save_seconds": r.save_seconds, "available": Path(r.path).exists(),
+                 "save_seconds": r.save_seconds, "available": storage.exists(r.path),
                  "created_at": _aware(r.created_at)}
                 for r in conn.execute(query).all()
             ]
@@ -453,3 +453,7 @@ class Store:
             return True
         except sa.exc.SQLAlchemyError:
             return False
+
+
+# The accounts, files and idempotency tables share this metadata, so Store creates them too.
+import service.schema  # noqa: E402,F401

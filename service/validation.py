@@ -20,6 +20,7 @@ from typing import Any
 
 from api.models import Cluster, JobCreate, LoraMethod
 from service.errors import Problem, RequestInvalid
+from service.files import FILE_ID, uploaded_path
 from service.settings import Settings
 from training.config import LoraSpec, TrainConfig, steps_for
 from training.formats import scan_jsonl
@@ -60,11 +61,15 @@ def _under(path: Path, root: Path) -> bool:
 def resolve_under_roots(value: str, roots: list[Path]) -> Path | None:
     """The resolved path for `value` (absolute, or relative to a root) if it lies inside one
     of `roots` and exists; symlinks and `..` are resolved before the containment check."""
-    raw = Path(value).expanduser()
-    candidates = [raw.resolve()] if raw.is_absolute() else [(r / raw).resolve() for r in roots]
-    for candidate in candidates:
-        if candidate.exists() and any(_under(candidate, r) for r in roots):
-            return candidate
+    try:
+        raw = Path(value).expanduser()
+        candidates = [raw.resolve()] if raw.is_absolute() else [(r / raw).resolve() for r in roots]
+        for candidate in candidates:
+            if candidate.exists() and any(_under(candidate, r) for r in roots):
+                return candidate
+    except (OSError, ValueError, RuntimeError):
+        # A name too long for the file system, a NUL byte, or a symlink loop names no file.
+        return None
     return None
 
 
@@ -97,7 +102,11 @@ def resolve_dataset(value: str, param: str, settings: Settings, problems: list[P
         problems.append(Problem(param, "unsupported_uri", "remote URIs are not enabled on this "
                                 "server: upload the file under an allowed data root"))
         return None
-    path = resolve_under_roots(value, roots)
+    if FILE_ID.match(value):
+        path = uploaded_path(value, settings)
+        path = path if path.is_file() else None
+    else:
+        path = resolve_under_roots(value, roots)
     if path is None:
         problems.append(Problem(param, "file_not_found",
                                 f"{value!r} is not a file under an allowed data root "
@@ -237,6 +246,11 @@ def check_raw_inputs(body: dict[str, Any], settings: Settings) -> list[Problem]:
     return problems
 
 
+def token_cache_dir(settings: Settings) -> Path:
+    """Where tokenised datasets are cached (validation fills it, the workers read it)."""
+    return settings.home / "cache" / "tokens"
+
+
 def build_train_config(
     job_id: str, req: JobCreate, inputs: ResolvedInputs, num_train_examples: int, settings: Settings
 ) -> TrainConfig:
@@ -267,6 +281,8 @@ def build_train_config(
         gradient_checkpointing=inputs.choice.gradient_checkpointing,
         attention=inputs.choice.attention, precision=inputs.choice.precision,
         predicted_memory_gb=inputs.choice.predicted_memory_gb,
+        packing=req.optimizations.packing, compile=req.optimizations.compile,
+        data_cache_dir=str(token_cache_dir(settings)),
         checkpoint_every_steps=req.checkpoint.every_steps, checkpoint_keep=req.checkpoint.keep,
         checkpoint_every_seconds=req.checkpoint.every_seconds,
         max_restarts=req.recovery.max_restarts,
@@ -283,7 +299,8 @@ def validate_job(job_id: str, request: dict[str, Any], settings: Settings) -> tu
     """
     from transformers import AutoTokenizer
 
-    from training.data import DataError, load_examples
+    from training.data import DataError
+    from training.datacache import load_examples_cached
     from training.errors import TrainingUserError
 
     req = JobCreate.model_validate(request)
@@ -291,8 +308,10 @@ def validate_job(job_id: str, request: dict[str, Any], settings: Settings) -> tu
     tokenizer = AutoTokenizer.from_pretrained(inputs.model_path)
     max_len = req.hyperparameters.max_seq_len
     try:
-        train = load_examples(str(inputs.training_file), tokenizer, max_len)
-        valid = load_examples(str(inputs.validation_file), tokenizer, max_len) if inputs.validation_file else []
+        cache = str(token_cache_dir(settings))
+        train = load_examples_cached(str(inputs.training_file), tokenizer, max_len, cache)
+        valid = (load_examples_cached(str(inputs.validation_file), tokenizer, max_len, cache)
+                 if inputs.validation_file else [])
     except DataError as exc:
         param = "validation_file" if exc.path == str(inputs.validation_file) else "training_file"
         raise TrainingUserError("user_error.invalid_data", str(exc), param) from None

@@ -1,8 +1,9 @@
 """The job's artifact: a PEFT adapter directory plus `eft_manifest.json`, published atomically.
 
-The adapter comes from the final checkpoint's `adapter/` folder; it is copied into a hidden
-temporary folder beside its destination, the manifest is written, and one rename makes it
-visible, so a reader never sees half an artifact.
+The adapter comes from the final checkpoint's `adapter/` folder. On local disk it is copied into
+a hidden temporary folder beside its destination and one rename makes it visible; on an object
+store it is staged under a temporary prefix, copied into place, and `eft_commit.json` written
+last. Either way a reader that requires the marker never sees half an artifact.
 """
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ import json
 import os
 import shutil
 import struct
+import uuid
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
+
+from service import storage
 from training.config import TrainConfig
 
 MANIFEST = "eft_manifest.json"
+# Written last: an artifact without it is incomplete (a publish still running, or cut short).
+COMMIT_MARKER = "eft_commit.json"
 _CHUNK = 1 << 20
 
 
@@ -104,19 +111,82 @@ def build_manifest(cfg: TrainConfig, metrics: dict[str, Any], attempt: int) -> d
     }
 
 
-def publish(adapter_dir: Path, destination: Path, manifest: dict[str, Any]) -> Path:
-    """Copy `adapter_dir` to `destination` with the manifest, atomically. Returns destination.
+def publish(adapter_dir: Path, destination: str | Path, manifest: dict[str, Any]) -> str:
+    """Copy `adapter_dir` to `destination` (a path or object-store URI) with the manifest,
+    atomically. Returns the destination as a path or URI.
 
-    An existing destination (a previous attempt's artifact) is replaced as a whole.
+    An existing destination (a previous attempt's artifact) is replaced as a whole. Locally the
+    artifact is staged beside its destination and renamed into place; an object store has no
+    rename, so the files are staged under a temporary prefix, copied into place, and only then
+    is the commit marker written: readers (`download`, `is_committed`) require it.
     """
+    location = storage.resolve(destination)
+    if not location.remote:
+        return _publish_local(adapter_dir, Path(location.path), manifest)
+    fs = location.filesystem
+    parent, name = location.path.rsplit("/", 1)
+    staging = f"{parent}/.staging/{name}-{uuid.uuid4().hex[:12]}"
+    pafs.copy_files(str(adapter_dir), staging, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)
+    storage.write_text(fs, f"{staging}/{MANIFEST}", json.dumps(manifest, indent=2, default=str))
+    files = _listing(fs, staging)
+    # Withdraw the previous artifact's marker first, so no reader trusts a mix of the two.
+    if _exists(fs, f"{location.path}/{COMMIT_MARKER}"):
+        fs.delete_file(f"{location.path}/{COMMIT_MARKER}")
+    fs.delete_dir_contents(location.path, missing_dir_ok=True)
+    for relative in files:
+        fs.copy_file(f"{staging}/{relative}", f"{location.path}/{relative}")
+    storage.write_text(fs, f"{location.path}/{COMMIT_MARKER}", json.dumps({"files": files}))
+    fs.delete_dir(staging)
+    return location.uri
+
+
+def _publish_local(adapter_dir: Path, destination: Path, manifest: dict[str, Any]) -> str:
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = destination.parent / f".{destination.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(adapter_dir, staging)
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+    fs = pafs.LocalFileSystem()
+    (staging / COMMIT_MARKER).write_text(json.dumps({"files": _listing(fs, str(staging))}))
     if destination.exists():
         retired = destination.parent / f".{destination.name}.old-{os.getpid()}"
         os.replace(destination, retired)
         shutil.rmtree(retired, ignore_errors=True)
     os.replace(staging, destination)
-    return destination
+    return str(destination)
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def _listing(fs: pafs.FileSystem, root: str) -> dict[str, int]:
+    """{relative path: size} of every file under `root`."""
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return {i.path[len(root.rstrip("/")) + 1:]: i.size for i in infos if i.type == pafs.FileType.File}
+
+
+def is_committed(artifact: str | Path) -> bool:
+    """Whether a complete artifact is published at `artifact` (its commit marker is there)."""
+    location = storage.resolve(artifact)
+    return _exists(location.filesystem, f"{location.path}/{COMMIT_MARKER}")
+
+
+def download(artifact: str | Path, local_dir: Path) -> Path:
+    """Copy a published artifact (path or URI) into `local_dir`, e.g. for
+    `PeftModel.from_pretrained(base, local_dir)`. Returns `local_dir`.
+
+    Raises FileNotFoundError if the artifact is not committed (missing, or still being written).
+    """
+    location = storage.resolve(artifact)
+    marker = storage.read_text(location.filesystem, f"{location.path}/{COMMIT_MARKER}")
+    if marker is None:
+        raise FileNotFoundError(f"no committed artifact at {artifact}: publish has not finished")
+    local_dir.mkdir(parents=True, exist_ok=True)
+    for relative in json.loads(marker)["files"]:
+        (local_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(f"{location.path}/{relative}", str(local_dir / relative),
+                        source_filesystem=location.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())
+    return local_dir

@@ -67,6 +67,12 @@ class TrainConfig:
     precision: str = "fp32"  # "fp32" | "bf16" | "fp16"
     attention: str = "sdpa"  # "sdpa" | "eager" | "flash_attention_2"
     offload: str = "none"  # "none" | "optimizer" | "optimizer+params"
+    #: Pack examples into full rows (no padding between them, no attention across them).
+    packing: bool = True
+    #: Where tokenised datasets are cached by content hash ("" disables the cache).
+    data_cache_dir: str = ""
+    #: Compile the model's forward and backward with torch.compile.
+    compile: bool = False
     #: The planner's predicted peak memory per worker in GB, when it made one.
     predicted_memory_gb: float | None = None
 

@@ -68,6 +68,8 @@ def tokenize_record(tokenizer: Any, record: dict[str, Any], max_seq_len: int) ->
         ids, labels = _tokenize_chat(tokenizer, record["messages"])
     elif "prompt" in record:
         ids, labels = _tokenize_pair(tokenizer, record["prompt"], record["completion"])
+    elif "label" in record:
+        ids, labels = _tokenize_pair(tokenizer, record["text"], str(record["label"]))
     else:
         ids, labels = _tokenize_text(tokenizer, record["text"])
     return Example(ids[:max_seq_len], labels[:max_seq_len])

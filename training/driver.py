@@ -16,11 +16,14 @@ fenced by the attempt number so a stale attempt can never overwrite a newer one.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import ray
 import ray.train
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
@@ -36,15 +39,19 @@ from ray.train.v2._internal.execution.failure_handling import DefaultFailurePoli
 from ray.train.v2.api.exceptions import PreemptionError
 
 from api.models import JobStatus
+from service import jsonlog
 from service.errors import Conflict
+from service import storage
 from service.settings import get_settings
 from service.store import Store
 from training import artifacts
 from training import checkpoint as ckpt
+from training import telemetry
 from training.config import TrainConfig
 from training.errors import find_user_error
 from training.loop import train_loop_per_worker
 from training.progress import ProgressSink
+from training.trackers import with_tensorboard
 
 log = logging.getLogger("eft.driver")
 
@@ -55,41 +62,63 @@ class _LazyStore:
     def __init__(self, database_url: str, job_id: str, attempt: int):
         self.database_url, self.job_id, self.attempt = database_url, job_id, attempt
         self._store: Store | None = None
+        self._telemetry: telemetry.JobTelemetry | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None}
+        return {**self.__dict__, "_store": None, "_telemetry": None}
 
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store(self.database_url)
+            self._store = Store(self.database_url, migrate=False)
         return self._store
+
+    @property
+    def telemetry(self) -> telemetry.JobTelemetry:
+        if self._telemetry is None:
+            self._telemetry = telemetry.for_job(self.store, self.job_id)
+        return self._telemetry
 
 
 class StoreCheckpoints(_LazyStore, ray.train.UserCallback):
     """Records every checkpoint Ray Train has persisted, with its size and why it was taken.
     (Per-step metrics take another path: training/progress.py.)"""
 
+    def __init__(self, database_url: str, job_id: str, attempt: int, checkpoint_root: str = ""):
+        super().__init__(database_url, job_id, attempt)
+        self.checkpoint_root = checkpoint_root
+
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:  # noqa: ANN001
         if checkpoint is None:
             return
         values = {k: float(v) for k, v in metrics[0].items() if isinstance(v, (int, float))}
         step = int(values.get("step", 0))
-        directory = Path(checkpoint.path)
-        state = ckpt.read_state(directory) if (directory / ckpt.STATE_FILE).exists() else {}
-        size = ckpt.size_bytes(directory) if directory.exists() else None
+        # The checkpoint may be in an object store: read it through its own filesystem.
+        fs = checkpoint.filesystem
+        text = storage.read_text(fs, f"{checkpoint.path}/{ckpt.STATE_FILE}")
+        state = json.loads(text) if text else {}
+        size = storage.size_bytes(fs, checkpoint.path) or None
+        path = _checkpoint_uri(self.checkpoint_root, checkpoint.path)
         reason = state.get("reason", "interval")
         world_size = state.get("world_size")
         self.store.record_checkpoint(
-            self.job_id, self.attempt, step, checkpoint.path, values, world_size=world_size,
+            self.job_id, self.attempt, step, path, values, world_size=world_size,
             reason=reason, size_bytes=size, save_seconds=state.get("save_seconds"),
         )
+        self.telemetry.checkpoint(reason, state.get("save_seconds"), size)
         self.store.append_event(
             self.job_id, "checkpoint_saved", f"{reason} checkpoint saved at step {step}",
-            data={"step": step, "path": checkpoint.path, "reason": reason, "world_size": world_size,
+            data={"step": step, "path": path, "reason": reason, "world_size": world_size,
                   "size_bytes": size, "save_seconds": state.get("save_seconds")},
             attempt=self.attempt,
         )
+
+
+def _checkpoint_uri(checkpoint_root: str, path: str) -> str:
+    """A checkpoint's path as users see it: the object-store URI when the root is one."""
+    if not checkpoint_root or not storage.is_remote(checkpoint_root):
+        return path
+    return storage.resolve(checkpoint_root).uri_of(path)
 
 
 class RecordRecovery(_LazyStore, ControllerCallback):
@@ -120,6 +149,7 @@ class RecordRecovery(_LazyStore, ControllerCallback):
                 return  # still waiting out the same preemption
             info = current_state.preemption_info
             self.store.add_counts(self.job_id, preemptions=1)
+            self.telemetry.counts(preemptions=1)
             self._event("preempted", f"node(s) {', '.join(n[:12] for n in info.preempted_node_ids)} "
                         f"draining; checkpointing before they go", {
                             "nodes": info.preempted_node_ids, "ranks": info.preempted_ranks,
@@ -131,6 +161,7 @@ class RecordRecovery(_LazyStore, ControllerCallback):
             preemption = isinstance(error, PreemptionError) or isinstance(previous_state, PreemptingState)
             if not preemption:
                 self.store.add_counts(self.job_id, restarts=1)
+                self.telemetry.counts(restarts=1)
             reason = "preemption" if preemption else _first_line(error)
             self._event("restarted", f"restarting from the latest checkpoint after: {reason}",
                         {"reason": reason, "world_size": self.num_workers,
@@ -138,6 +169,7 @@ class RecordRecovery(_LazyStore, ControllerCallback):
         elif isinstance(current_state, ResizingState):
             target = current_state.scaling_decision.num_workers
             self.store.add_counts(self.job_id, resizes=1)
+            self.telemetry.counts(resizes=1)
             self._event("resized", f"resizing from {self.num_workers} to {target} workers",
                         {"from_workers": self.num_workers, "to_workers": target, "reason": "grow"})
         elif isinstance(current_state, SchedulingState):
@@ -145,6 +177,7 @@ class RecordRecovery(_LazyStore, ControllerCallback):
             if (isinstance(previous_state, (RestartingState, ReschedulingState))
                     and self.num_workers is not None and target != self.num_workers):
                 self.store.add_counts(self.job_id, resizes=1)
+                self.telemetry.counts(resizes=1)
                 self._event("resized", f"restarting with {target} instead of {self.num_workers} workers",
                             {"from_workers": self.num_workers, "to_workers": target,
                              "reason": "shrink" if target < self.num_workers else "grow"})
@@ -194,6 +227,8 @@ class JobTrainer(TorchTrainer):
 
 
 def build_trainer(cfg: TrainConfig, callbacks: list[Any], sink: Any, resize_interval_s: float = 30.0) -> TorchTrainer:
+    remote = storage.is_remote(cfg.checkpoint_root)
+    checkpoints = storage.resolve(cfg.checkpoint_root) if remote else None
     workers: int | tuple[int, int] = (
         cfg.min_workers if cfg.min_workers == cfg.max_workers else (cfg.min_workers, cfg.max_workers)
     )
@@ -213,7 +248,10 @@ def build_trainer(cfg: TrainConfig, callbacks: list[Any], sink: Any, resize_inte
             # Reusing the job id as the run name makes a re-dispatched attempt resume from
             # the latest checkpoint of the previous one.
             name=cfg.job_id,
-            storage_path=cfg.checkpoint_root,
+            storage_path=checkpoints.path if checkpoints else cfg.checkpoint_root,
+            # An object store is reached through the filesystem built from the environment's
+            # endpoint and credentials (service/storage.py), the same one the service uses.
+            storage_filesystem=checkpoints.filesystem if checkpoints else None,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint_keep),
             # Preemptions are expected on spot nodes and always resume; other platform
             # failures use the job's restart budget; user errors never retry (JobFailurePolicy).
@@ -238,7 +276,7 @@ def _fail(store: Store, job_id: str, attempt: int, exc: BaseException) -> None:
 def run(job_id: str, attempt: int) -> int:
     """Run one attempt of a job. Returns the process exit code."""
     settings = get_settings()
-    store = Store(settings.resolved_database_url)
+    store = Store(settings.resolved_database_url, migrate=False)
     job = store.get_job(job_id)
     if job.attempt != attempt or job.status not in (JobStatus.running, JobStatus.cancelling):
         log.warning("job %s is %s on attempt %s; attempt %s exits", job_id, job.status, job.attempt, attempt)
@@ -248,8 +286,10 @@ def run(job_id: str, attempt: int) -> int:
         job_id, "training_started", f"attempt {attempt} starting with {cfg.min_workers}-{cfg.max_workers} workers",
         data={"min_workers": cfg.min_workers, "max_workers": cfg.max_workers}, attempt=attempt,
     )
+    log.info("attempt %s starting: %s, %s-%s workers, %s steps", attempt, cfg.strategy,
+             cfg.min_workers, cfg.max_workers, cfg.total_steps)
     sink = ProgressSink.remote(settings.resolved_database_url, job_id, attempt)
-    callbacks = [StoreCheckpoints(settings.resolved_database_url, job_id, attempt),
+    callbacks = [StoreCheckpoints(settings.resolved_database_url, job_id, attempt, cfg.checkpoint_root),
                  RecordRecovery(settings.resolved_database_url, job_id, attempt)]
     trainer = build_trainer(cfg, callbacks, sink, resize_interval_s=settings.resize_interval_s)
     try:
@@ -259,11 +299,12 @@ def run(job_id: str, attempt: int) -> int:
         _fail(store, job_id, attempt, exc)
         return 1
     final_metrics = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
-    with result.checkpoint.as_directory() as directory:
+    # The sink flushes the trackers' last steps before the artifact takes their files.
+    ray.get(sink.close.remote())
+    with result.checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as scratch:
         manifest = artifacts.build_manifest(cfg, final_metrics, attempt)
-        path = artifacts.publish(
-            Path(directory) / "adapter", Path(cfg.artifact_root) / job_id, manifest
-        )
+        adapter = with_tensorboard(cfg.artifact_root, job_id, Path(directory) / "adapter", Path(scratch))
+        path = artifacts.publish(adapter, f"{cfg.artifact_root.rstrip('/')}/{job_id}", manifest)
     try:
         store.transition(
             job_id, JobStatus.succeeded, f"adapter written to {path}", expected_attempt=attempt,
@@ -272,6 +313,8 @@ def run(job_id: str, attempt: int) -> int:
         )
     except Conflict:
         log.warning("job %s moved on while attempt %s finished", job_id, attempt)
+        return 0
+    log.info("job succeeded; adapter written to %s", path)
     return 0
 
 
@@ -280,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--attempt", type=int, required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    jsonlog.configure()
+    jsonlog.bind(job_id=args.job_id, attempt=args.attempt)
     return run(args.job_id, args.attempt)
 
 

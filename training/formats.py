@@ -6,6 +6,8 @@ Three shapes, one per JSONL line, detected per record:
   is computed on assistant turns only.
 - prompt/completion: `{"prompt": str, "completion": str}`; the loss is on the completion only.
 - text: `{"text": str}`; the loss is on every token.
+- classification: `{"text": str, "label": str | int}`; trained as prompt `text`, completion
+  `label`, so the loss is on the label only.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def detect_format(record: Any) -> str | None:
         return "chat"
     if "prompt" in record or "completion" in record:
         return "prompt_completion"
+    if "text" in record and "label" in record:
+        return "classification"
     if "text" in record:
         return "text"
     return None
@@ -75,6 +79,21 @@ def _check_chat(messages: Any, out: list[tuple[str, str]]) -> None:
         _check_text(msg.get("content"), f"{where}.content", out)
     if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
         out.append(("messages", "has no assistant message, so nothing to learn from"))
+    _check_turn_order(messages, out)
+
+
+def _check_turn_order(messages: list[Any], out: list[tuple[str, str]]) -> None:
+    """After an optional system message, turns go user, assistant, user, ..."""
+    expected = "user"
+    for i, msg in enumerate(messages):
+        role = msg.get("role") if isinstance(msg, dict) else None
+        if role not in ("user", "assistant"):
+            continue
+        if role != expected:
+            out.append((f"messages[{i}].role", f"expected {expected!r} here: turns alternate user, "
+                        "assistant, starting with user after an optional system message"))
+            return
+        expected = "assistant" if role == "user" else "user"
 
 
 def check_record(record: Any) -> tuple[str | None, list[tuple[str, str]]]:
@@ -84,7 +103,8 @@ def check_record(record: Any) -> tuple[str | None, list[tuple[str, str]]]:
     if fmt is None:
         out.append((
             "record",
-            "must be an object with 'messages' (chat), 'prompt' and 'completion', or 'text'",
+            "must be an object with 'messages' (chat), 'prompt' and 'completion', 'text', "
+            "or 'text' and 'label' (classification)",
         ))
     elif fmt == "chat":
         _check_chat(record["messages"], out)
@@ -94,21 +114,40 @@ def check_record(record: Any) -> tuple[str | None, list[tuple[str, str]]]:
                 out.append((key, "is missing"))
             else:
                 _check_text(record[key], key, out)
+    elif fmt == "classification":
+        _check_text(record["text"], "text", out)
+        label = record["label"]
+        if isinstance(label, bool) or not isinstance(label, (str, int)):
+            out.append(("label", f"must be a string or an integer, got {type(label).__name__}"))
+        elif isinstance(label, str) and not label.strip():
+            out.append(("label", "is empty or whitespace only"))
     else:
         _check_text(record["text"], "text", out)
     return fmt, out
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
-    """Yields (line number, parsed record or None, parse error or None), skipping blank lines."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+def iter_jsonl(path: Path, utf8_errors_per_line: bool = False) -> Iterator[tuple[int, Any, str | None]]:
+    """Yields (line number, parsed record or None, parse error or None), skipping blank lines.
+
+    Raises UnicodeDecodeError for bytes that are not UTF-8, unless `utf8_errors_per_line`,
+    which reports them as that line's parse error instead."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if not utf8_errors_per_line:
+                    raise
+                yield lineno, None, f"is not valid UTF-8 (byte {exc.start + 1}): save the file as UTF-8"
+                continue
             if not line.strip():
                 continue
             try:
                 yield lineno, json.loads(line), None
             except json.JSONDecodeError as exc:
                 yield lineno, None, f"is not valid JSON: {exc.msg} at column {exc.colno}"
+            except RecursionError:
+                yield lineno, None, "is nested too deeply to parse: flatten the record"
 
 
 def scan_jsonl(path: Path, max_problems: int = 20) -> ScanResult:

@@ -13,6 +13,7 @@ gradient of the whole batch.
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,9 +30,11 @@ import ray.train.torch
 
 from training import checkpoint
 from training.config import TrainConfig
-from training.data import DataError, Example, collate, global_batch_indices, load_examples, shard_for_rank
+from training.data import DataError, Example, collate, global_batch_indices, shard_for_rank
+from training.datacache import load_examples_cached
 from training.errors import TrainingUserError
 from training.model import load_trainable_model
+from training.packing import collate_packed, packed_micro_batches, real_tokens
 from training.strategies import build_strategy
 
 #: Seconds of training between two looks for a preemption notice (Ray Train's watcher itself
@@ -70,6 +73,11 @@ def peak_memory_gb(device: torch.device) -> float:
     peak on a GPU, the process's peak resident set size on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1e9
+    return host_peak_memory_gb()
+
+
+def host_peak_memory_gb() -> float:
+    """This process's peak resident set size in GB."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB
@@ -77,7 +85,10 @@ def peak_memory_gb(device: torch.device) -> float:
 
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of next-token cross-entropy over the target tokens of a micro-batch (fp32)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    # A packed batch has position_ids and no attention_mask: transformers then masks attention
+    # block-diagonally (see training/packing.py). No KV cache in training.
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    logits = model(**inputs, use_cache=False).logits
     shift_logits = logits[:, :-1, :].float().flatten(0, 1)
     shift_labels = batch["labels"][:, 1:].flatten()
     return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
@@ -87,7 +98,7 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
 class Window:
     """Counters between two metric reports, summed over this rank's micro-batches."""
 
-    loss_sum: float = 0.0
+    loss_sum: Any = 0.0  # a device tensor once a step has run: read only at reports
     target_tokens: float = 0.0
     input_tokens: float = 0.0
     steps: int = 0
@@ -113,9 +124,10 @@ class Recipe:
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id
         try:
-            self.train_examples = load_examples(cfg.training_file, self.tokenizer, cfg.max_seq_len)
+            self.train_examples = load_examples_cached(cfg.training_file, self.tokenizer, cfg.max_seq_len,
+                                                       cfg.data_cache_dir)
             self.valid_examples = (
-                load_examples(cfg.validation_file, self.tokenizer, cfg.max_seq_len)
+                load_examples_cached(cfg.validation_file, self.tokenizer, cfg.max_seq_len, cfg.data_cache_dir)
                 if cfg.validation_file else []
             )
         except DataError as exc:
@@ -123,8 +135,15 @@ class Recipe:
             raise TrainingUserError("user_error.invalid_data", str(exc), param) from None
         self.strategy = build_strategy(cfg)
         self.strategy.prepare(load_trainable_model(cfg))
+        if cfg.compile:
+            # In place, so the strategy's wrapper (DDP, FSDP, DeepSpeed) calls the compiled
+            # forward; dynamic shapes because packed and padded lengths vary by step.
+            self.strategy.module.compile(dynamic=True)
         self.lr_factor = lr_lambda(cfg)
         self.step = 0
+        # Builds the next step's batches while this one trains (collation is host work).
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eft-batches")
+        self._prefetch: tuple[int, Future] | None = None
         resume_from = ray.train.get_checkpoint()
         if resume_from is not None:
             started = time.perf_counter()
@@ -137,42 +156,80 @@ class Recipe:
 
     # --- train ---------------------------------------------------------------------------
 
-    def _micro_batches(self, step: int) -> tuple[list[list[Example]], float]:
+    def _micro_batches(self, step: int) -> tuple[list[Any], float]:
         """This rank's micro-batches for `step`, and the global batch's target-token count.
 
         Every rank gets the same number of micro-batches (sharded strategies run collectives
         in each forward and backward); a rank with too few examples gets empty ones, which
-        `train_step` runs as zero-weight passes.
+        `train_step` runs as zero-weight passes. Packed, a micro-batch is `micro_batch_size`
+        rows of up to `max_seq_len` tokens each; every rank packs every rank's share (a pure
+        function of the step), so all agree on the count without a collective.
         """
         cfg = self.cfg
         n = len(self.train_examples)
         indices = global_batch_indices(n, cfg.seed, step, cfg.global_batch_size)
         global_tokens = sum(self.train_examples[i].loss_tokens for i in indices)
+        if cfg.packing:
+            shares = [packed_micro_batches([self.train_examples[i] for i in shard_for_rank(indices, r, self.world_size)],
+                                           cfg.max_seq_len, cfg.micro_batch_size)
+                      for r in range(self.world_size)]
+            count = max(len(share) for share in shares)
+            return shares[self.rank] + [[]] * (count - len(shares[self.rank])), float(global_tokens)
         mine = [self.train_examples[i] for i in shard_for_rank(indices, self.rank, self.world_size)]
         largest_share = -(-cfg.global_batch_size // self.world_size)
         count = -(-largest_share // cfg.micro_batch_size)
         return [list(part) for part in np.array_split(np.asarray(mine, dtype=object), count)], float(global_tokens)
 
-    def train_step(self, window: Window) -> float | None:
-        """One optimizer step over the global batch. Returns the gradient norm if clipped."""
+    def _host_batches(self, step: int) -> tuple[list[tuple[dict[str, torch.Tensor], int, float]], float]:
+        """Step `step`'s micro-batches as host tensors with their non-padding token counts (known
+        on the host: no device sync) and loss weights, and the global target-token count."""
+        micro_batches, global_tokens = self._micro_batches(step)
+        pin = self.device.type == "cuda"  # pinned memory lets the copy overlap with compute
+        out = []
+        for micro_batch in micro_batches:
+            # An empty share still joins the collectives, with a zero-weight pass.
+            if self.cfg.packing:
+                rows = micro_batch or [[self.train_examples[0]]]
+                batch, tokens = collate_packed(rows, self.pad_id), real_tokens(rows)
+            else:
+                examples = micro_batch or self.train_examples[:1]
+                batch, tokens = collate(examples, self.pad_id), sum(len(e.input_ids) for e in examples)
+            if pin:
+                batch = {k: v.pin_memory() for k, v in batch.items()}
+            out.append((batch, tokens, 1.0 if micro_batch else 0.0))
+        return out, global_tokens
+
+    def _next_host_batches(self) -> tuple[list[tuple[dict[str, torch.Tensor], int, float]], float]:
+        """This step's host batches (built in the background during the previous step), and
+        start building the next step's."""
+        if self._prefetch is not None and self._prefetch[0] == self.step:
+            ready = self._prefetch[1].result()
+        else:
+            ready = self._host_batches(self.step)
+        self._prefetch = None
+        if self.step + 1 < self.cfg.total_steps:
+            self._prefetch = (self.step + 1, self._loader.submit(self._host_batches, self.step + 1))
+        return ready
+
+    def train_step(self, window: Window) -> Any:
+        """One optimizer step over the global batch. Returns the gradient norm if clipped
+        (a device tensor: reading it would wait for the step, so only reports do)."""
         # The random state (dropout) is a function of (seed, step, rank), so a resumed run
         # draws what the uninterrupted one would have.
         torch.manual_seed((self.cfg.seed * 1_000_003 + self.step) * 1_009 + self.rank)
-        micro_batches, global_tokens = self._micro_batches(self.step)
+        micro_batches, global_tokens = self._next_host_batches()
         # Gradient reduction averages over ranks; scale back so the result is the global mean.
         scale = self.world_size / global_tokens
         strategy = self.strategy
-        for i, examples in enumerate(micro_batches):
-            weight = 1.0 if examples else 0.0
-            # An empty share still joins the collectives, with a zero-weight pass.
-            batch = {k: v.to(self.device) for k, v in
-                     collate(examples or self.train_examples[:1], self.pad_id).items()}
+        pin = self.device.type == "cuda"
+        for i, (host_batch, tokens, weight) in enumerate(micro_batches):
+            batch = {k: v.to(self.device, non_blocking=pin) for k, v in host_batch.items()}
             with strategy.accumulate(last=i == len(micro_batches) - 1):
                 with strategy.autocast():
                     loss_sum = token_loss_sum(strategy.model, batch) * weight
                 strategy.backward(loss_sum * scale)
             window.loss_sum += loss_sum.detach()
-            window.input_tokens += int(batch["attention_mask"].sum()) * weight
+            window.input_tokens += tokens * weight
         window.target_tokens += global_tokens / self.world_size
         grad_norm = strategy.step(self.cfg.learning_rate * self.lr_factor(self.step))
         self.step += 1
@@ -192,13 +249,15 @@ class Recipe:
                 "hyperparameters.learning_rate",
             )
         # The slowest rank's time: every rank then derives the same check cadence from it.
-        peak, elapsed = _all_reduce_sum(
-            [peak_memory_gb(self.device), time.perf_counter() - window.started], self.device, op="max"
+        peak, host_peak, elapsed = _all_reduce_sum(
+            [peak_memory_gb(self.device), host_peak_memory_gb(), time.perf_counter() - window.started],
+            self.device, op="max",
         )
         metrics = {
             "step": self.step,
             "loss": loss,
             "peak_memory_gb": peak,
+            "host_peak_memory_gb": host_peak,
             "learning_rate": self.cfg.learning_rate * self.lr_factor(self.step - 1),
             "tokens_per_s": input_tokens / elapsed,
             "step_time_s": elapsed / max(1, window.steps),
@@ -206,7 +265,7 @@ class Recipe:
             "world_size": self.world_size,
         }
         if grad_norm is not None:
-            metrics["grad_norm"] = grad_norm
+            metrics["grad_norm"] = float(grad_norm)
         return metrics
 
     def _report(self, metrics: dict[str, float], with_checkpoint: bool, reason: str = "interval",

@@ -13,17 +13,25 @@ from typing import Any
 
 import ray
 
+from service.settings import get_settings
 from service.store import Store
+from training import telemetry
+from training.trackers import trackers_for
 
 
 @ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)
 class ProgressSink:
     def __init__(self, database_url: str, job_id: str, attempt: int):
-        self.store = Store(database_url)
+        self.store = Store(database_url, migrate=False)
         self.job_id, self.attempt = job_id, attempt
         # The furthest step trained so far, by this attempt or an earlier one: a resume from
         # an older checkpoint trains the steps in between again (lost steps).
         self.furthest = self.store.get_job(job_id).step
+        self.telemetry = telemetry.for_job(self.store, job_id)
+        self.telemetry.last_step = self.furthest
+        latest = self.store.latest_metric_values([job_id]).get(job_id, {})
+        self.trained_tokens = float(latest.get("trained_tokens", 0.0))
+        self.trackers = trackers_for(self.store.get_job(job_id), get_settings().resolved_mlflow_tracking_uri)
 
     def record(self, step: int, values: dict[str, Any]) -> int:
         """Store one step's metrics and move the job's step counter. Returns the step."""
@@ -34,9 +42,19 @@ class ProgressSink:
             **({"num_workers": num_workers} if num_workers else {}),
         )
         if fresh:  # a stale attempt's late metrics are dropped
+            self.trained_tokens += self.telemetry.step(step, numbers)
+            numbers["trained_tokens"] = round(self.trained_tokens)
             self.store.record_metrics(self.job_id, self.attempt, step, numbers)
             self.furthest = max(self.furthest, step)
+            for tracker in self.trackers:
+                tracker.log(step, numbers)
         return step
+
+    def close(self) -> None:
+        """Flush and close the trackers (the driver calls this before publishing)."""
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
     def resumed(self, step: int, world_size: int, checkpoint_reason: str, load_seconds: float = 0.0) -> int:
         """Rank 0 restored a checkpoint at `step`. Records a `resumed` event with the steps
@@ -45,6 +63,7 @@ class ProgressSink:
         if not self.store.update_job(self.job_id, attempt=self.attempt, step=step, num_workers=world_size):
             return lost
         self.store.add_counts(self.job_id, lost_steps=lost)
+        self.telemetry.counts(lost_steps=lost)
         self.store.append_event(
             self.job_id, "resumed",
             f"resumed at step {step} with {world_size} worker(s) from a {checkpoint_reason} "
@@ -54,4 +73,5 @@ class ProgressSink:
             attempt=self.attempt,
         )
         self.furthest = step
+        self.telemetry.last_step = step
         return lost

@@ -4,27 +4,50 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Query, Response
 
-from api.deps import CurrentTenant, JobServiceDep
+from api.deps import (
+    CurrentPrincipal,
+    CurrentTenant,
+    IdempotencyDep,
+    IdempotencyKey,
+    JobServiceDep,
+)
 from api.models import Job, JobCreate, JobEventList, JobList, JobMetricList, JobStatus
+from api.routes.files import FilesDep
+from service.file_checks import check_job_files
+from service.idempotency import request_digest
+from service.quotas import check_quota
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=201, response_model=Job)
+@router.post("", status_code=201, response_model=Job,
+             responses={200: {"model": Job, "description": "The first result of a repeated Idempotency-Key"}})
 def create_job(
     body: JobCreate,
     service: JobServiceDep,
-    tenant: CurrentTenant,
+    principal: CurrentPrincipal,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+    idempotency: IdempotencyDep,
+    files: FilesDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> Job:
-    """Create a fine-tuning job. A repeated `Idempotency-Key` returns the first job (200)."""
-    job, created = service.create(body, tenant, idempotency_key)
+    """Create a fine-tuning job. A repeated `Idempotency-Key` with the same body returns the
+    first job (200); with another body, 409."""
+
+    def create() -> str:
+        check_job_files(body, principal.scope, files)
+        check_quota(service.store, principal.tenant, body, service.settings)
+        return service.create(body, principal.tenant, idempotency_key)[0].id
+
+    job_id, created = idempotency.run(
+        principal.tenant, idempotency_key, "POST /jobs", request_digest(body.model_dump(mode="json")),
+        create,
+    )
     if not created:
         response.status_code = 200
-    return job
+    return service.get(job_id, principal.tenant)
 
 
 @router.get("", response_model=JobList)

@@ -7,11 +7,29 @@ costs seconds here.
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 
 import httpx
 import pytest
+
+# The one HTTP client e2e tests talk to the service with (absolute URLs), so that headers the
+# service requires, such as credentials, are set in one place by the `service` fixture.
+api = httpx.Client(timeout=60)
+ADMIN_KEY = "eft-e2e-admin-" + secrets.token_urlsafe(16)
+
+
+def use_admin_key() -> str:
+    """Make `api` call as the deployments' bootstrap admin; returns the key to deploy with.
+
+    Tests import `api` and ADMIN_KEY as tests.e2e.conftest, which pytest may have loaded under
+    another module name than this conftest: the header goes on that module's client too."""
+    from tests.e2e import conftest as shared
+
+    for client in {id(api): api, id(shared.api): shared.api}.values():
+        client.headers["Authorization"] = f"Bearer {shared.ADMIN_KEY}"
+    return shared.ADMIN_KEY
 
 
 def _free_port() -> int:
@@ -25,6 +43,7 @@ def ray_cluster():
     import ray
 
     dashboard_port = _free_port()
+    metrics_port = _free_port()
     ray.init(
         # Always a fresh cluster of our own, never one a stale `ray start` left behind.
         address="local",
@@ -34,8 +53,13 @@ def ray_cluster():
         dashboard_port=dashboard_port,
         log_to_driver=False,
         configure_logging=False,
+        # The node's Prometheus endpoint, at a known port, with metrics exported every second
+        # (default 10 s) so that tests see a short job's training metrics while it runs.
+        _metrics_export_port=metrics_port,
+        _system_config={"metrics_report_interval_ms": 1000},
     )
-    yield {"dashboard_url": f"http://127.0.0.1:{dashboard_port}"}
+    yield {"dashboard_url": f"http://127.0.0.1:{dashboard_port}",
+           "ray_metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}
     from ray import serve
 
     serve.shutdown()
@@ -60,6 +84,8 @@ def service(ray_cluster, tmp_path_factory):
         "EFT_RESIZE_INTERVAL_S": "3",
         "EFT_PREEMPTION_POLL_INTERVAL_S": "0.5",
         "EFT_WORKER_START_TIMEOUT_S": "20",
+        # The tests call as the deployment's bootstrap admin (tenant "default").
+        "EFT_ADMIN_API_KEY": use_admin_key(),
     }
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -79,11 +105,11 @@ def wait_for(job_id: str, url: str, statuses: set[str], timeout_s: float = 420) 
     deadline = time.monotonic() + timeout_s
     terminal = {"succeeded", "failed", "cancelled"}
     while time.monotonic() < deadline:
-        job = httpx.get(f"{url}/jobs/{job_id}", timeout=30).json()
+        job = api.get(f"{url}/jobs/{job_id}", timeout=30).json()
         if job["status"] in statuses:
             return job
         if job["status"] in terminal:
-            events = httpx.get(f"{url}/jobs/{job_id}/events", timeout=30).json()["data"]
+            events = api.get(f"{url}/jobs/{job_id}/events", timeout=30).json()["data"]
             pytest.fail(f"job ended {job['status']}: {job.get('error')}\n{events}")
         time.sleep(0.5)
     pytest.fail(f"job {job_id} did not reach {statuses} in {timeout_s}s; last: {job['status']}")

@@ -11,10 +11,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import api, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +57,7 @@ LOAD_IN_FRESH_PROCESS = textwrap.dedent("""
 
 
 def _post(url: str, body: dict) -> dict:
-    r = httpx.post(f"{url}/jobs", json=body, timeout=60)
+    r = api.post(f"{url}/jobs", json=body, timeout=60)
     assert r.status_code == 201, r.text
     return r.json()
 
@@ -84,19 +83,19 @@ def test_lora_job_over_http_produces_a_loadable_adapter(service):
     assert all(m > 0.05 for m in memory["measured_peak_per_worker"])
     assert manifest["final_metrics"]["eval_loss"] == pytest.approx(done["result_metrics"]["eval_loss"])
 
-    metrics = httpx.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
+    metrics = api.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
     steps = [m for m in metrics if "loss" in m["values"]]
     assert [m["step"] for m in steps] == list(range(1, 13))
     assert all(m["values"]["world_size"] == 2 and m["values"]["tokens_per_s"] > 0 for m in steps)
     assert steps[-1]["values"]["loss"] < steps[0]["values"]["loss"]
     assert steps[0]["values"]["learning_rate"] < steps[2]["values"]["learning_rate"]  # warmup
 
-    events = [e["type"] for e in httpx.get(f"{url}/jobs/{job['id']}/events").json()["data"]]
+    events = [e["type"] for e in api.get(f"{url}/jobs/{job['id']}/events").json()["data"]]
     for expected in ("created", "queued", "dispatched", "submitted", "training_started",
                      "checkpoint_saved", "succeeded"):
         assert expected in events
     assert events.index("queued") < events.index("dispatched") < events.index("succeeded")
-    checkpoints = httpx.get(f"{url}/jobs/{job['id']}/checkpoints").json()["data"]
+    checkpoints = api.get(f"{url}/jobs/{job['id']}/checkpoints").json()["data"]
     assert [c["step"] for c in checkpoints] == [5, 10, 12]
 
     base_dir = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-llama"
@@ -129,10 +128,10 @@ def test_cancel_stops_the_ray_job_and_its_workers(service):
             "name": "e2e-cancel", "strategy": "zero2"}
     job = _post(url, body)
     deadline = time.monotonic() + 300
-    while not httpx.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]:
+    while not api.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]:
         assert time.monotonic() < deadline, "the job never reported a step"
         time.sleep(0.5)
-    r = httpx.post(f"{url}/jobs/{job['id']}/cancel")
+    r = api.post(f"{url}/jobs/{job['id']}/cancel")
     assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled")
     started = time.monotonic()
     done = wait_for(job["id"], url, {"cancelled"}, timeout_s=120)
@@ -158,7 +157,7 @@ def test_data_that_cannot_train_fails_with_a_user_error(service):
     job = _post(url, {"model": "tiny-llama", "training_file": str(data),
                       "hyperparameters": {"max_seq_len": 16}})
     deadline = time.monotonic() + 120
-    while (failed := httpx.get(f"{url}/jobs/{job['id']}").json())["status"] != "failed":
+    while (failed := api.get(f"{url}/jobs/{job['id']}").json())["status"] != "failed":
         assert failed["status"] in ("validating",), failed
         assert time.monotonic() < deadline
         time.sleep(0.5)
@@ -194,7 +193,7 @@ def test_qlora_job_trains_on_4bit_base_weights(service):
     done = wait_for(job["id"], url, {"succeeded"})
     # Every linear layer of the 4 decoder layers (7 each) held 4-bit weights while training.
     assert done["result_metrics"]["quantized_linear_layers"] == 28
-    losses = [m["values"]["loss"] for m in httpx.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
+    losses = [m["values"]["loss"] for m in api.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
               if "loss" in m["values"]]
     assert len(losses) == 8 and losses[-1] < losses[0]
     manifest = json.loads((Path(done["artifact_path"]) / "eft_manifest.json").read_text())

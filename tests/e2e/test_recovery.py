@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import api, wait_for
 
 pytestmark = pytest.mark.e2e
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -49,13 +48,13 @@ def _body(name: str, steps: int, workers: int | tuple[int, int] = 2, **extra: An
 
 
 def _post(url: str, body: dict) -> dict:
-    response = httpx.post(f"{url}/jobs", json=body, timeout=30)
+    response = api.post(f"{url}/jobs", json=body, timeout=30)
     assert response.status_code == 201, response.text
     return response.json()
 
 
 def _get(url: str, job_id: str, what: str = "") -> Any:
-    response = httpx.get(f"{url}/jobs/{job_id}{what}", timeout=30)
+    response = api.get(f"{url}/jobs/{job_id}{what}", timeout=30)
     assert response.status_code == 200, response.text
     body = response.json()
     return body["data"] if what else body

@@ -6,10 +6,12 @@ Tolerance: in fp32 on CPU the strategies differ only in the order of floating-po
 reductions (all-reduce vs reduce-scatter vs ZeRO's bucketed reduce), ~1e-7 relative per
 gradient. Adam divides each gradient by its running RMS, so for an element whose gradient is
 near zero that round-off can move the update by a visible fraction of one step (lr = 3e-3).
-Hence two bounds: every element within atol 1e-4 (0.5% of the most an element can move in 6
-steps, lr x 6 = 1.8e-2), and the mean absolute difference over all weights below 1e-6. A
-skipped micro-batch, a wrong per-rank weighting or a wrong learning rate moves most elements
-by ~1e-3 and fails both.
+Packed micro-batches (whole examples laid end to end) change the summation order once more,
+and one element in a thousand has been seen 1.6% of a 6-step budget away under ZeRO-2.
+Hence three bounds: no element beyond 5% of the most an element can move in 6 steps
+(lr x 6 = 1.8e-2, so 9e-4), fewer than 1% of elements beyond 1e-4, and the mean absolute
+difference over all weights below 1e-6. A skipped micro-batch, a wrong per-rank weighting or a
+wrong learning rate moves most elements by ~1e-3 and fails the last two.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from training.loop import train_loop_per_worker
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
+LEARNING_RATE = 3e-3
 
 
 @ray.remote(num_cpus=0)
@@ -56,7 +59,7 @@ def _config(strategy: str, root: Path) -> TrainConfig:
         validation_file=str(REPO / "assets/data/demo/chat_valid.jsonl"),
         method="lora", lora=LoraSpec(r=8, alpha=16, dropout=0.0), total_steps=STEPS,
         # A constant rate, so a run cut short and resumed is the same optimisation.
-        num_train_examples=1600, learning_rate=3e-3, lr_scheduler="constant", global_batch_size=10,
+        num_train_examples=1600, learning_rate=LEARNING_RATE, lr_scheduler="constant", global_batch_size=10,
         micro_batch_size=2, max_seq_len=96, seed=7, min_workers=2, max_workers=2,
         strategy=strategy, checkpoint_every_steps=100, checkpoint_root=str(root),
     )
@@ -109,10 +112,9 @@ def test_strategy_matches_ddp(strategy, trained):
     ref_weights, ref_rows, _ = trained("ddp")
     weights, rows, _ = trained(strategy)
     assert set(weights) == set(ref_weights) and len(weights) > 0
-    for name, tensor in ref_weights.items():
-        torch.testing.assert_close(weights[name], tensor, rtol=1e-3, atol=1e-4,
-                                   msg=lambda m, name=name: f"{name}: {m}")
     diffs = torch.cat([(weights[n] - t).abs().flatten() for n, t in ref_weights.items()])
+    assert float(diffs.max()) < 0.05 * LEARNING_RATE * STEPS
+    assert float((diffs > 1e-4).double().mean()) < 0.01
     assert float(diffs.mean()) < 1e-6
     ref_losses = [v["loss"] for _, v in ref_rows if "loss" in v]
     losses = [v["loss"] for _, v in rows if "loss" in v]

@@ -4,6 +4,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from service.auth import KeyStore
 from service.jobs import JobService
 from service.launcher import RayJobsLauncher
 from service.settings import get_settings
@@ -16,6 +17,7 @@ def client(eft_home):
     settings = get_settings()
     store = Store(settings.resolved_database_url)
     app = create_app(JobService(store, RayJobsLauncher(settings), settings))
-    with TestClient(app) as c:
+    _, key = KeyStore(store.engine).create("default", "user", name="tests")
+    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
         yield c
     store.close()

@@ -7,19 +7,25 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from service.auth import KeyStore
 from service.jobs import JobService
 from service.launcher import RayJobsLauncher
 from service.settings import get_settings
 from service.store import Store
 
 pytestmark = pytest.mark.integration
+_KEYS: dict[str, str] = {}
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 
 def _start(database_url):
     settings = get_settings()
     store = Store(database_url)
-    return store, TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings)))
+    # The key is stored, so the restarted service accepts the one made before the restart.
+    if database_url not in _KEYS:
+        _KEYS[database_url] = KeyStore(store.engine).create("default", name="restart-test")[1]
+    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    return store, TestClient(app, headers={"Authorization": f"Bearer {_KEYS[database_url]}"})
 
 
 def test_jobs_and_events_survive_a_restart(eft_home, database_url):

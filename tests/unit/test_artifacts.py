@@ -2,7 +2,7 @@
 
 import json
 
-from training.artifacts import MANIFEST, build_manifest, publish
+from training.artifacts import COMMIT_MARKER, MANIFEST, build_manifest, download, is_committed, publish
 from training.config import LoraSpec, TrainConfig
 
 
@@ -32,6 +32,25 @@ def test_publish_replaces_a_previous_artifact_whole(tmp_path):
     dest = tmp_path / "artifacts" / "ftjob-x"
     publish(first, dest, {"n": 1})
     publish(second, dest, {"n": 2})
-    assert sorted(p.name for p in dest.iterdir()) == ["adapter_config.json", MANIFEST]
+    assert sorted(p.name for p in dest.iterdir()) == ["adapter_config.json", COMMIT_MARKER, MANIFEST]
     assert json.loads((dest / MANIFEST).read_text()) == {"n": 2}
     assert [p.name for p in dest.parent.iterdir()] == ["ftjob-x"]  # no staging left behind
+
+
+def test_a_published_artifact_downloads_only_once_committed(tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    dest = tmp_path / "artifacts" / "ftjob-y"
+    assert not is_committed(dest)
+    assert publish(adapter, dest, {"n": 1}) == str(dest)
+    assert is_committed(dest)
+    out = download(dest, tmp_path / "copy")
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", MANIFEST]
+    (dest / COMMIT_MARKER).unlink()
+    try:
+        download(dest, tmp_path / "again")
+    except FileNotFoundError as exc:
+        assert "no committed artifact" in str(exc)
+    else:
+        raise AssertionError("an uncommitted artifact was downloaded")

@@ -1,0 +1,27 @@
+"""`GET /jobs/{id}/manifest`: the `eft_manifest.json` of a succeeded job's artifact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter
+
+from api.deps import CurrentTenant, JobServiceDep
+from service.errors import Conflict
+from training.artifacts import MANIFEST
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.get("/{job_id}/manifest")
+def job_manifest(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> dict[str, Any]:
+    """The artifact's manifest (base model and hash, dataset hash, hyperparameters, strategy,
+    final metrics, versions). 409 until the job has written its artifact."""
+    job = service.store.get_job(job_id, tenant)
+    path = Path(job.artifact_path or "") / MANIFEST
+    if not job.artifact_path or not path.is_file():
+        raise Conflict(f"job {job_id} is {job.status.value} and has no artifact yet; the manifest "
+                       "is written when it succeeds", code="manifest_not_available", param="job_id")
+    return json.loads(path.read_text())

@@ -1,0 +1,120 @@
+"""OpenAI-compatible `/v1`: `files` and `fine_tuning/jobs` with OpenAI's shapes, so the official
+`openai` package works with `base_url="http://<service>/v1"`. Our `/jobs` API stays the primary
+one; these routes map onto it (service/openai_compat.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from api.deps import CurrentPrincipal, CurrentTenant, IdempotencyDep, IdempotencyKey, JobServiceDep
+from api.openai_models import (
+    FineTuningJob,
+    FineTuningJobCheckpointList,
+    FineTuningJobCreate,
+    FineTuningJobEventList,
+    FineTuningJobList,
+)
+from api.routes.files import FilesDep
+from service.file_checks import check_job_files
+from service.idempotency import request_digest
+from service.quotas import check_quota
+from service.openai_compat import (
+    event_number,
+    to_job_create,
+    to_openai_checkpoint,
+    to_openai_event,
+    to_openai_job,
+)
+
+router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai"])
+
+
+def _owner(service: JobServiceDep, job_id: str, tenant: str | None) -> str:
+    return service.store.get_job(job_id, tenant).tenant
+
+
+@router.post("", response_model=FineTuningJob)
+def create_fine_tuning_job(
+    body: FineTuningJobCreate,
+    service: JobServiceDep,
+    principal: CurrentPrincipal,
+    idempotency: IdempotencyDep,
+    files: FilesDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> FineTuningJob:
+    """Create a job (OpenAI's request); answers 200 with the job, as OpenAI does."""
+    request = to_job_create(body)
+
+    def create() -> str:
+        check_job_files(request, principal.scope, files)
+        check_quota(service.store, principal.tenant, request, service.settings)
+        return service.create(request, principal.tenant, idempotency_key)[0].id
+
+    job_id, _ = idempotency.run(principal.tenant, idempotency_key, "POST /v1/fine_tuning/jobs",
+                                request_digest(body.model_dump(mode="json")), create)
+    return to_openai_job(service.get(job_id, principal.tenant), principal.tenant)
+
+
+@router.get("", response_model=FineTuningJobList)
+def list_fine_tuning_jobs(
+    service: JobServiceDep,
+    tenant: CurrentTenant,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> FineTuningJobList:
+    """Jobs newest first; `after` is the last job id of the previous page."""
+    page = service.list(tenant, limit, after, None)
+    records = {r.id: r.tenant for r in service.store.list_jobs(tenant=tenant, limit=limit, after=after)[0]}
+    return FineTuningJobList(data=[to_openai_job(j, records.get(j.id, "")) for j in page.data],
+                             has_more=page.has_more)
+
+
+@router.get("/{job_id}", response_model=FineTuningJob)
+def retrieve_fine_tuning_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> FineTuningJob:
+    return to_openai_job(service.get(job_id, tenant), _owner(service, job_id, tenant))
+
+
+@router.post("/{job_id}/cancel", response_model=FineTuningJob)
+def cancel_fine_tuning_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> FineTuningJob:
+    return to_openai_job(service.cancel(job_id, tenant), _owner(service, job_id, tenant))
+
+
+@router.get("/{job_id}/events", response_model=FineTuningJobEventList)
+def list_fine_tuning_events(
+    job_id: str,
+    service: JobServiceDep,
+    tenant: CurrentTenant,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> FineTuningJobEventList:
+    """Events newest first, as OpenAI lists them; `after` is the last event id of the previous page."""
+    events = service.events(job_id, tenant, None, 100_000).data
+    newest_first = list(reversed(events))
+    cursor = event_number(after)
+    if cursor is not None:
+        newest_first = [e for e in newest_first if e.id < cursor]
+    page = newest_first[:limit]
+    return FineTuningJobEventList(data=[to_openai_event(e) for e in page],
+                                  has_more=len(newest_first) > limit)
+
+
+@router.get("/{job_id}/checkpoints", response_model=FineTuningJobCheckpointList)
+def list_fine_tuning_checkpoints(
+    job_id: str,
+    service: JobServiceDep,
+    tenant: CurrentTenant,
+    after: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 10,
+) -> FineTuningJobCheckpointList:
+    """Checkpoints newest first; `after` is the last checkpoint id of the previous page."""
+    items = [to_openai_checkpoint(job_id, c) for c in reversed(service.checkpoints(job_id, tenant))]
+    if after:
+        ids = [c.id for c in items]
+        items = items[ids.index(after) + 1:] if after in ids else []
+    page = items[:limit]
+    return FineTuningJobCheckpointList(data=page, has_more=len(items) > limit,
+                                       first_id=page[0].id if page else None,
+                                       last_id=page[-1].id if page else None)

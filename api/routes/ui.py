@@ -1,0 +1,103 @@
+"""`/ui`: the service's web page: job list, job page with live loss curves, submit form.
+
+Pages are server-rendered shells that hold no job data, so they need no credentials; the
+browser fills them from the REST API with `static/ui.js`, which sends the API key the user
+entered (kept in the browser's localStorage) as `Authorization: Bearer <key>`. Charts use uPlot,
+vendored under static/vendor (no network needed at run time).
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from api.deps import JobServiceDep
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+router = APIRouter(prefix="/ui", tags=["ui"], include_in_schema=False)
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} - eft</title>
+<link rel="stylesheet" href="/ui/static/vendor/uplot/uPlot.min.css">
+<link rel="stylesheet" href="/ui/static/ui.css">
+</head><body data-page="{page}" data-job-id="{job_id}" data-ray-dashboard="{dashboard}">
+<header><a class="brand" href="/ui">eft</a> <span>elastic fine-tuning on Ray</span>
+<nav><a href="/ui">Jobs</a> <a href="/ui/new">Submit</a> <a href="{dashboard}" target="_blank" rel="noopener">Ray dashboard</a>
+<label>API key <input id="api-key" type="password" autocomplete="off" placeholder="none"></label></nav></header>
+<main>{body}</main>
+<script src="/ui/static/vendor/uplot/uPlot.iife.min.js"></script>
+<script src="/ui/static/ui.js"></script>
+</body></html>
+"""
+
+_LIST = """<h1>Jobs</h1><p id="error" class="error" hidden></p>
+<table id="jobs"><thead><tr><th>Job</th><th>Name</th><th>Status</th><th>Progress</th><th>ETA</th>
+<th>Model</th><th>Workers</th><th>Created</th></tr></thead><tbody></tbody></table>"""
+
+_JOB = """<h1 id="title">{job_id}</h1><p id="error" class="error" hidden></p>
+<section class="summary"><dl id="summary"></dl></section>
+<section class="charts">
+<figure><figcaption>Loss and eval loss by step</figcaption><div id="loss-chart" class="chart"></div></figure>
+<figure><figcaption>Learning rate and tokens/s by step</figcaption><div id="rate-chart" class="chart"></div></figure>
+</section>
+<section><h2>Events</h2><table id="events"><thead><tr><th>Time</th><th>Attempt</th><th>Type</th>
+<th>Message</th></tr></thead><tbody></tbody></table></section>
+<section><h2>Checkpoints</h2><table id="checkpoints"><thead><tr><th>Step</th><th>Reason</th><th>Workers</th>
+<th>Size</th><th>Save s</th><th>Path</th></tr></thead><tbody></tbody></table></section>
+<section><h2>Manifest</h2><pre id="manifest">(written when the job succeeds)</pre></section>"""
+
+_NEW = """<h1>Submit a job</h1><p id="error" class="error" hidden></p>
+<form id="submit-form">
+<label>Model <input name="model" required value="tiny-llama"></label>
+<label>Training file <input name="training_file" required placeholder="data/train.jsonl"></label>
+<label>Validation file <input name="validation_file"></label>
+<label>Name <input name="name"></label>
+<label>Method <select name="method"><option>lora</option><option>qlora</option><option>full</option></select></label>
+<label>Max steps <input name="max_steps" type="number" min="1"></label>
+<label>Epochs <input name="epochs" type="number" min="0" step="any"></label>
+<label>Learning rate <input name="learning_rate" type="number" min="0" step="any"></label>
+<label>Strategy <select name="strategy"><option>auto</option><option>ddp</option><option>fsdp</option>
+<option>zero1</option><option>zero2</option><option>zero3</option></select></label>
+<label>Min workers <input name="min_workers" type="number" min="1"></label>
+<label>Max workers <input name="max_workers" type="number" min="1"></label>
+<button type="submit">Submit</button></form>"""
+
+
+def _render(service: JobServiceDep, page: str, title: str, body: str, job_id: str = "") -> HTMLResponse:
+    dashboard = html.escape(service.settings.ray_dashboard_url, quote=True)
+    return HTMLResponse(_PAGE.format(title=html.escape(title), page=page, job_id=html.escape(job_id, quote=True),
+                                     dashboard=dashboard, body=body))
+
+
+@router.get("", response_class=HTMLResponse)
+def job_list_page(service: JobServiceDep) -> HTMLResponse:
+    """The job list: status, progress and ETA, refreshed live."""
+    return _render(service, "list", "Jobs", _LIST)
+
+
+@router.get("/new", response_class=HTMLResponse)
+def submit_page(service: JobServiceDep) -> HTMLResponse:
+    """A form that creates a job through POST /jobs."""
+    return _render(service, "new", "Submit a job", _NEW)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(job_id: str, service: JobServiceDep) -> HTMLResponse:
+    """One job: live loss charts, rates, events, checkpoints, manifest, Ray dashboard link."""
+    safe = html.escape(job_id)
+    return _render(service, "job", job_id, _JOB.format(job_id=safe), job_id)
+
+
+def install(app: FastAPI) -> None:
+    app.include_router(router)
+    app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="ui-static")
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/ui")

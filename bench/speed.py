@@ -1,0 +1,344 @@
+"""Speed benchmark: useful tokens/s against `transformers.Trainer` + PEFT, service overhead,
+start latency, and API latency under 50 concurrent clients.
+
+Run from the repository root (starts its own local Ray cluster: hold the machine's Ray lock
+where several people share it):
+
+    .venv/bin/python bench/speed.py                    # writes its section of BENCHMARKS.md
+    .venv/bin/python bench/speed.py --repeats 1 --steps 6 --output /tmp/b.md
+
+Workload: a Llama built from config (hidden 256, 6 layers, the bundled tokenizer), LoRA r=8 on
+all linear layers, prompt/completion data whose lengths follow a log-normal spread (16 to 512
+tokens, median about 100), global batch 16 in micro-batches of 4, max_seq_len 512, fp32 on CPU.
+
+1. Throughput, interleaved A,B,A,B over `--repeats` rounds, medians reported: the product's
+   job through `POST /jobs` (1 and 2 DDP workers, packing on, and 1 worker with packing off) and
+   `bench/baselines/hf_trainer.py` (1 process, and 2 under torchrun). Useful tokens/s = the
+   non-padding tokens of steps 2..N over the time of those steps (step 1 is warm-up on both
+   sides): from the job's per-step metrics, from the baseline's step-end callback and collator.
+2. Service overhead: the same job's training config run by `bench/baselines/plain_loop.py` (the
+   same loop in one process, Ray Train local mode), tokens/s measured the same way.
+3. Start latency of the 1-worker jobs: created -> validated -> dispatched -> first optimizer step
+   -> succeeded, from the job's events and metrics.
+4. API: 50 concurrent clients (asyncio, one connection each) on loopback, `POST /jobs` then
+   `GET /jobs/{id}`; latency percentiles and requests per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.report import replace_section  # noqa: E402
+
+SECTION = "## Speed: useful tokens/s, service overhead, start latency, API"
+PY = sys.executable
+GLOBAL_BATCH, MICRO_BATCH, MAX_SEQ_LEN = 16, 4, 512
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def machine() -> str:
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    ram = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal"))) / 1024**2
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{cpu}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, {gpu}; Python {platform.python_version()}, "
+            f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} at the start (shared machine)")
+
+
+def build_model(home: Path) -> str:
+    """A Llama from config with the bundled tokenizer, saved under the service's model root."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    target = home / "models" / "bench-llama"
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "assets" / "models" / "tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=688,
+                         num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
+                         max_position_embeddings=1024, tie_word_embeddings=False,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return "bench-llama"
+
+
+def build_data(home: Path, n: int = 600) -> str:
+    """Prompt/completion records of log-normally spread length, as real SFT sets are."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "assets" / "models" / "tiny-llama")
+    # Whole words that are one token each (byte-level BPE marks a leading space with "Ġ"), so
+    # a record's length in tokens is its length in words.
+    words = sorted(w[1:] for w in tokenizer.get_vocab() if w.startswith("Ġ") and w[1:].isalpha())
+    rng = random.Random(7)
+    path = home / "data" / "bench.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for _ in range(n):
+            total = int(min(480, max(16, rng.lognormvariate(4.6, 0.7))))
+            prompt = max(4, int(total * rng.uniform(0.2, 0.6)))
+            out.write(json.dumps({"prompt": " ".join(rng.choices(words, k=prompt)),
+                                  "completion": " ".join(rng.choices(words, k=total - prompt))}) + "\n")
+    return "bench.jsonl"
+
+
+def job_body(model: str, data: str, workers: int, steps: int, packing: bool = True) -> dict[str, Any]:
+    return {
+        "name": f"speed-{workers}w{'' if packing else '-nopack'}", "model": model, "training_file": data,
+        "method": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.05},
+        "hyperparameters": {"max_steps": steps, "global_batch_size": GLOBAL_BATCH,
+                            "micro_batch_size": MICRO_BATCH, "max_seq_len": MAX_SEQ_LEN, "log_every_steps": 1},
+        "scaling": {"min_workers": workers, "cpus_per_worker": 2 / workers},
+        "strategy": "ddp", "optimizations": {"packing": packing, "precision": "fp32"},
+        "checkpoint": {"every_steps": 100_000},
+    }
+
+
+def useful_tokens_per_s(rows: list[dict[str, Any]]) -> float:
+    """Non-padding tokens over time for steps 2..N, from per-step metrics (one step per window)."""
+    rows = [r["values"] for r in rows if "tokens_per_s" in r["values"] and r["step"] >= 2]
+    seconds = sum(v["step_time_s"] for v in rows)
+    return sum(v["tokens_per_s"] * v["step_time_s"] for v in rows) / seconds
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value).timestamp()
+
+
+class Service:
+    def __init__(self, url: str, home: Path):
+        self.http = httpx.Client(base_url=url, timeout=60)
+        self.home = home
+
+    def get(self, path: str) -> Any:
+        return self.http.get(path).raise_for_status().json()
+
+    def run_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.http.post("/jobs", json=body).raise_for_status().json()
+        deadline = time.monotonic() + 900
+        while job["status"] not in ("succeeded", "failed", "cancelled"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(job["id"])
+            time.sleep(0.2)
+            job = self.get(f"/jobs/{job['id']}")
+        if job["status"] != "succeeded":
+            raise RuntimeError(f"{job['id']} {job['status']}: {job.get('error')}")
+        metrics = self.get(f"/jobs/{job['id']}/metrics")["data"]
+        events = self.get(f"/jobs/{job['id']}/events?limit=100")["data"]
+        return {"job": job, "metrics": metrics, "events": events, "tps": useful_tokens_per_s(metrics)}
+
+    def config_of(self, job_id: str) -> dict[str, Any]:
+        from service.store import Store
+
+        return Store(f"sqlite:///{self.home / 'eft.db'}").get_job(job_id).config
+
+
+def start_latency(run: dict[str, Any]) -> dict[str, float]:
+    job, events = run["job"], run["events"]
+    created = _ts(job["created_at"])
+    at = {e["type"]: _ts(e["created_at"]) - created for e in reversed(events)}
+    first_step = min(_ts(m["created_at"]) for m in run["metrics"]) - created
+    return {"validated": at.get("queued", float("nan")), "dispatched": at.get("dispatched", float("nan")),
+            "first_step": first_step, "succeeded": _ts(job["finished_at"]) - created}
+
+
+def run_hf(model_dir: Path, data: Path, workers: int, steps: int) -> float:
+    out = Path(tempfile.mkdtemp(prefix="eft-hf-")) / "r.json"
+    args = ["bench/baselines/hf_trainer.py", "--model", str(model_dir), "--data", str(data), "--out", str(out),
+            "--steps", str(steps), "--global-batch", str(GLOBAL_BATCH), "--micro-batch", str(MICRO_BATCH),
+            "--max-seq-len", str(MAX_SEQ_LEN)]
+    if workers > 1:
+        cmd = [str(Path(PY).with_name("torchrun")), f"--nproc-per-node={workers}",
+               f"--master-port={_free_port()}", *args]
+    else:
+        cmd = [PY, *args]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": str(2 // workers)})
+    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(workers)]
+    return sum(r["tokens"] for r in ranks) / max(r["seconds"] for r in ranks)
+
+
+def run_plain(config: dict[str, Any]) -> float:
+    directory = Path(tempfile.mkdtemp(prefix="eft-plain-"))
+    (directory / "cfg.json").write_text(json.dumps(config))
+    subprocess.run([PY, "bench/baselines/plain_loop.py", "--config", str(directory / "cfg.json"),
+                    "--out", str(directory / "m.json")], check=True, cwd=ROOT, capture_output=True)
+    return useful_tokens_per_s(json.loads((directory / "m.json").read_text()))
+
+
+async def _api_load(url: str, body: dict[str, Any], clients: int, posts: int, gets: int) -> dict[str, Any]:
+    post_ms: list[float] = []
+    get_ms: list[float] = []
+    ids: list[str] = []
+
+    async def client(k: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            for i in range(posts):
+                t = time.perf_counter()
+                r = await http.post("/jobs", json={**body, "name": f"api-{k}-{i}"})
+                post_ms.append((time.perf_counter() - t) * 1000)
+                r.raise_for_status()
+                ids.append(r.json()["id"])
+            for i in range(gets):
+                t = time.perf_counter()
+                (await http.get(f"/jobs/{ids[(k * 7 + i) % len(ids)]}")).raise_for_status()
+                get_ms.append((time.perf_counter() - t) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    wall = time.perf_counter() - started
+    return {"post_ms": post_ms, "get_ms": get_ms, "wall_s": wall, "ids": ids}
+
+
+def api_benchmark(url: str, service: Service, clients: int = 50) -> dict[str, Any]:
+    # Short jobs on the bundled data: they validate and queue; the run ends before most train.
+    body = {"model": "tiny-llama", "training_file": "demo/chat_train.jsonl", "hyperparameters": {"max_steps": 1}}
+    result = asyncio.run(_api_load(url, body, clients, posts=4, gets=20))
+    for job_id in result["ids"]:
+        service.http.post(f"/jobs/{job_id}/cancel")
+    return result
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+    from ray import serve
+
+    from service.local import deploy_app, wait_healthy
+
+    home = Path(tempfile.mkdtemp(prefix="eft-bench-speed-"))
+    model, data = build_model(home), build_data(home)
+    port = _free_port()
+    dash_port = _free_port()
+    ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=dash_port, log_to_driver=False, configure_logging=False)
+    out: dict[str, Any] = {k: [] for k in ("p1", "p2", "p1_nopack", "hf1", "hf2", "plain", "starts")}
+    try:
+        deploy_app({"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": f"http://127.0.0.1:{dash_port}",
+                    "EFT_SCHEDULER_INTERVAL_S": "0.2"}, port)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url)
+        service = Service(url, home)
+        model_dir, data_path = home / "models" / model, home / "data" / data
+        # Interleaved rounds: background load on the shared cores falls on every variant alike.
+        for round_ in range(args.repeats):
+            p1 = service.run_job(job_body(model, data, 1, args.steps))
+            out["p1"].append(p1["tps"])
+            out["starts"].append(start_latency(p1))
+            # The plain script right after the job it copies: the two see the most similar load.
+            out["plain"].append(run_plain(service.config_of(p1["job"]["id"])))
+            out["hf1"].append(run_hf(model_dir, data_path, 1, args.steps))
+            out["p2"].append(service.run_job(job_body(model, data, 2, args.steps))["tps"])
+            out["hf2"].append(run_hf(model_dir, data_path, 2, args.steps))
+            out["p1_nopack"].append(service.run_job(job_body(model, data, 1, args.steps, packing=False))["tps"])
+            print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in out.items() if k != "starts"),
+                  flush=True)
+        out["api"] = api_benchmark(url, service)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return out
+
+
+def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
+    med = {k: statistics.median(v) for k, v in out.items() if k not in ("starts", "api")}
+    runs = lambda k: " / ".join(f"{v:.0f}" for v in out[k])  # noqa: E731
+    starts = {k: statistics.median(s[k] for s in out["starts"]) for k in out["starts"][0]}
+    api = out["api"]
+    n_post, n_get = len(api["post_ms"]), len(api["get_ms"])
+    lines = [
+        SECTION, "",
+        f"Written by `bench/speed.py --repeats {args.repeats} --steps {args.steps}` (`make bench`) on "
+        f"{datetime.now():%Y-%m-%d %H:%M} UTC in {wall_s:.0f} s. Machine: {machine()}.", "",
+        f"Workload: a Llama built from config (hidden 256, 6 layers, 8 heads, vocabulary of the bundled "
+        f"tokenizer), LoRA r=8 on all linear layers, fp32 on CPU; prompt/completion data with log-normally "
+        f"spread lengths (16-480 words, median ~100 tokens); global batch {GLOBAL_BATCH} in micro-batches of "
+        f"{MICRO_BATCH}, max_seq_len {MAX_SEQ_LEN}, {args.steps} optimizer steps; 2 CPU cores in total for "
+        f"either side (1 worker x 2 threads, or 2 workers x 1 thread). Every variant ran {args.repeats} times, "
+        f"interleaved (A,B,A,B), so load from other work on the shared cores fell on each alike; "
+        f"figures are medians, single runs after the colon.", "",
+        "### Useful (non-padding) tokens/s: this product vs transformers.Trainer + PEFT", "",
+        "| workers | eft job (packing) | Trainer + PEFT (`bench/baselines/hf_trainer.py`) | **ratio** |",
+        "|---:|---:|---:|---:|",
+        f"| 1 | {med['p1']:.0f} ({runs('p1')}) | {med['hf1']:.0f} ({runs('hf1')}) | **{med['p1'] / med['hf1']:.2f}** |",
+        f"| 2 | {med['p2']:.0f} ({runs('p2')}) | {med['hf2']:.0f} ({runs('hf2')}) | **{med['p2'] / med['hf2']:.2f}** |",
+        "",
+        f"The same eft job with `optimizations.packing: false` (padding each micro-batch to its longest "
+        f"example, as the baseline does): {med['p1_nopack']:.0f} tokens/s ({runs('p1_nopack')}), so packing "
+        f"alone is worth {med['p1'] / med['p1_nopack']:.2f}x here. Tokens/s counts only real tokens of steps "
+        "2..N over their time (step 1 is warm-up on both sides); padding computed by either side is not "
+        "useful and is not counted.", "",
+        "### Service overhead", "",
+        "| | useful tokens/s | |", "|---|---:|---:|",
+        f"| eft job through the service (1 worker) | {med['p1']:.0f} ({runs('p1')}) | |",
+        f"| the same training config as a plain script (`bench/baselines/plain_loop.py`) | "
+        f"{med['plain']:.0f} ({runs('plain')}) | |",
+        f"| **service / plain** | | **{med['p1'] / med['plain']:.3f}** |", "",
+        "### Start latency (1-worker job, median)", "",
+        "| from `POST /jobs` to | seconds |", "|---|---:|",
+        *(f"| {label} | {starts[key]:.1f} |" for key, label in (
+            ("validated", "validated (dataset scanned and tokenised, planned)"),
+            ("dispatched", "dispatched (Ray Job running)"),
+            ("first_step", "first optimizer step (metrics of step 1 stored)"),
+            ("succeeded", "succeeded (adapter and manifest written)"))),
+        "",
+        f"### API: {50} concurrent clients on loopback", "",
+        "| request | count | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|---:|",
+        f"| POST /jobs | {n_post} | {pct(api['post_ms'], 50):.0f} | {pct(api['post_ms'], 95):.0f} | "
+        f"{pct(api['post_ms'], 99):.0f} |",
+        f"| GET /jobs/{{id}} | {n_get} | {pct(api['get_ms'], 50):.0f} | {pct(api['get_ms'], 95):.0f} | "
+        f"{pct(api['get_ms'], 99):.0f} |", "",
+        f"Throughput: {(n_post + n_get) / api['wall_s']:.0f} requests/s over {api['wall_s']:.1f} s "
+        "(each client posts 4 jobs, then reads 20; the service runs as one Serve replica).", "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    out = measure(args)
+    section = render(out, args, time.perf_counter() - started)
+    print(section)
+    replace_section(args.output, SECTION, section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

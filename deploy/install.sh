@@ -1,0 +1,26 @@
+#!/bin/sh
+# Install eft into a virtual environment: the one recipe `make setup` (and so CI), the
+# Dockerfile and the cluster launcher configs run.
+#   sh deploy/install.sh VENV TORCH_VERSION [EXTRAS]
+#   e.g. sh deploy/install.sh .venv 2.13.0 test
+# TORCH_INDEX_URL picks the torch build (e.g. https://download.pytorch.org/whl/cu128 for CUDA
+# 12.8, .../whl/cpu for CPU); unset, pip's configured index decides.
+set -eu
+VENV=$1
+TORCH_VERSION=$2
+EXTRAS=${3:-}
+PYTHON=${PYTHON:-python3}
+
+test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+# torch first, pinned: a looser requirement pulled in by another package would fetch another build.
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    "$VENV/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
+else
+    "$VENV/bin/python" -m pip install --quiet "torch==$TORCH_VERSION"
+fi
+if [ -n "$EXTRAS" ]; then
+    "$VENV/bin/python" -m pip install --quiet -e ".[$EXTRAS]"
+else
+    "$VENV/bin/python" -m pip install --quiet -e .
+fi

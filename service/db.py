@@ -1,0 +1,81 @@
+"""Database engines for the job store: pooling, pre-ping, and a retry on transient disconnects.
+
+PostgreSQL connections are pooled (sizes from `EFT_DB_POOL_SIZE`, `EFT_DB_MAX_OVERFLOW`,
+`EFT_DB_POOL_RECYCLE_S`) and pinged at checkout, so a connection the server or a proxy closed
+is replaced before use. A statement that still loses its connection (the database fails over
+mid-call) is retried on a fresh one by `retry_on_disconnect`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+
+log = logging.getLogger("eft.db")
+T = TypeVar("T")
+RETRY_ATTEMPTS = 3
+RETRY_BACKOFF_S = 0.5
+
+
+def make_engine(url: str) -> sa.Engine:
+    """An engine for `url`: SQLite with WAL for one machine, or a pooled server database."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @sa_event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    from service.settings import get_settings
+
+    settings = get_settings()
+    return sa.create_engine(
+        url, pool_pre_ping=True, pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow, pool_recycle=settings.db_pool_recycle_s,
+    )
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """Whether `exc` means the connection was lost (worth retrying on a new one)."""
+    return isinstance(exc, sa.exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def retrying(fn: Callable[..., T]) -> Callable[..., T]:
+    """Call `fn` again, up to `RETRY_ATTEMPTS` times, when its connection drops under it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        for attempt in range(1, RETRY_ATTEMPTS + 1):
+            try:
+                return fn(*args, **kwargs)
+            except sa.exc.DBAPIError as exc:
+                if not is_disconnect(exc) or attempt == RETRY_ATTEMPTS:
+                    raise
+                log.warning("database connection lost in %s; retrying (%d/%d)",
+                            getattr(fn, "__qualname__", fn), attempt, RETRY_ATTEMPTS)
+                time.sleep(RETRY_BACKOFF_S * attempt)
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def retry_on_disconnect(cls: type) -> type:
+    """Class decorator: every public method of `cls` retries on a lost connection."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not name.startswith("_"):
+            setattr(cls, name, retrying(member))
+    return cls

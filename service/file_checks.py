@@ -1,0 +1,63 @@
+"""Uploads meet jobs: which tenant may name a file id in a job, and the validate-only report."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from api.file_models import DatasetReport, ValidateRequest
+from service.dataset_check import check_dataset
+from service.errors import Problem, RequestInvalid
+from service.files import FILE_ID, FileNotFound, FileRecord, FileStore
+from service.settings import Settings
+from service.validation import resolve_model
+
+
+def check_job_files(body: Any, tenant: str | None, files: FileStore) -> None:
+    """Refuse (422) a job naming a file id that is not this tenant's (or does not exist), as
+    `file_not_found`: another tenant's file is indistinguishable from a missing one."""
+    problems = []
+    for param in ("training_file", "validation_file"):
+        value = getattr(body, param, None)
+        if isinstance(value, str) and FILE_ID.match(value):
+            try:
+                files.get(value, tenant)
+            except FileNotFound:
+                problems.append(Problem(param, "file_not_found",
+                                        f"no file with id {value!r}: upload it with POST /files, "
+                                        "or list yours with GET /files"))
+    if problems:
+        raise RequestInvalid(problems=problems)
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, tenant: str | None,
+                    settings: Settings) -> DatasetReport:
+    """The full report of one upload. Raises RequestInvalid for an unknown model or
+    validation file; FileNotFound passes through."""
+    problems: list[Problem] = []
+    tokenizer = None
+    if req.model:
+        model_path = resolve_model(req.model, settings, problems)
+        if model_path:
+            tokenizer = _tokenizer(model_path)
+    other = other_name = None
+    if req.validation_file:
+        try:
+            other_record = files.get(req.validation_file, tenant)
+            other, other_name = Path(other_record.path), other_record.filename
+        except FileNotFound:
+            problems.append(Problem("validation_file", "file_not_found",
+                                    f"no file with id {req.validation_file!r}: see GET /files"))
+    if problems:
+        raise RequestInvalid(problems=problems)
+    return check_dataset(Path(record.path), record.filename,
+                         max_problems=settings.max_validation_errors, tokenizer=tokenizer,
+                         max_seq_len=req.max_seq_len, other=other, other_name=other_name)

@@ -1,0 +1,181 @@
+"""Uploaded files: stored under `<artifact root>/files/<id>.jsonl`, owned by a tenant.
+
+An upload is streamed to a temporary file in the same directory while its SHA-256 and size are
+computed, then renamed into place and recorded: a failed or oversized upload leaves nothing
+behind. Jobs name an upload by id (`file-...`) in `training_file` / `validation_file`;
+`service/validation.py:resolve_dataset` finds it with `uploaded_path`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import tempfile
+import time
+import unicodedata
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import BinaryIO
+
+import sqlalchemy as sa
+
+from service.errors import ServiceError
+from service.schema import files as table
+from service.settings import Settings
+from service.storage import is_remote
+from service.store import _aware, utcnow
+
+FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
+PURPOSES = ("fine-tune",)
+CHUNK_BYTES = 1024 * 1024
+
+
+class FileNotFound(ServiceError):
+    status_code = 404
+    code = "file_not_found"
+
+    def __init__(self, file_id: str):
+        super().__init__(f"no file with id {file_id!r}: list files with GET /files", param="file_id")
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    id: str
+    tenant: str
+    filename: str
+    purpose: str
+    bytes: int
+    sha256: str
+    path: str
+    created_at: datetime
+
+
+def new_file_id() -> str:
+    """`file-` + 12 hex digits of milliseconds + 12 random: sorts by creation time."""
+    return f"file-{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
+def files_root(settings: Settings) -> Path:
+    """The uploads' directory. Uploads are validated and read as local files, so an object-store
+    `EFT_FILES_ROOT` is refused here with the setting named."""
+    root = settings.resolved_files_root
+    if is_remote(root):
+        raise RuntimeError(f"EFT_FILES_ROOT must be a local or shared-filesystem path, not {root!r}: "
+                           "uploads are read by the scheduler and the workers as files")
+    return Path(root)
+
+
+def uploaded_path(file_id: str, settings: Settings) -> Path:
+    """Where an upload's bytes live (the id is checked against FILE_ID first, so no traversal)."""
+    if not FILE_ID.match(file_id):
+        raise FileNotFound(file_id)
+    return files_root(settings) / f"{file_id}.jsonl"
+
+
+def check_filename(filename: str | None) -> str:
+    """The upload's name as given, refused (400) when it is empty, too long, has control
+    characters or is a path: names are labels here, never paths."""
+    name = filename or ""
+    bad = (not name.strip() or len(name) > 255 or name in (".", "..") or "/" in name or "\\" in name
+           or any(unicodedata.category(c).startswith("C") for c in name))
+    if bad:
+        raise ServiceError("file name must be 1 to 255 printable characters with no '/' or '\\': "
+                           "send the file's base name", param="file", code="invalid_filename")
+    return name
+
+
+def _record(row: sa.Row) -> FileRecord:
+    return FileRecord(id=row.id, tenant=row.tenant, filename=row.filename, purpose=row.purpose,
+                      bytes=row.bytes, sha256=row.sha256, path=row.path,
+                      created_at=_aware(row.created_at))
+
+
+class FileStore:
+    """Uploads on disk and their rows in the job store's database."""
+
+    def __init__(self, engine: sa.Engine, settings: Settings):
+        self.engine, self.settings = engine, settings
+
+    def save(self, tenant: str, filename: str | None, purpose: str, stream: BinaryIO) -> FileRecord:
+        """Stream `stream` into place and record it. Raises ServiceError (400) for a bad name or
+        purpose, PayloadTooLarge (413) past `max_upload_bytes`; nothing is kept then."""
+        name = check_filename(filename)
+        if purpose not in PURPOSES:
+            raise ServiceError(f"purpose must be one of {', '.join(PURPOSES)}, not {purpose!r}",
+                               param="purpose", code="invalid_purpose")
+        root = files_root(self.settings)
+        root.mkdir(parents=True, exist_ok=True)
+        file_id = new_file_id()
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".upload-")
+        try:
+            digest, size = self._copy(stream, fd)
+            final = uploaded_path(file_id, self.settings)
+            os.replace(tmp, final)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(table.insert().values(
+                    id=file_id, tenant=tenant, filename=name, purpose=purpose, bytes=size,
+                    sha256=digest, path=str(final), created_at=utcnow()))
+        except BaseException:
+            final.unlink(missing_ok=True)
+            raise
+        return self.get(file_id, tenant)
+
+    def _copy(self, stream: BinaryIO, fd: int) -> tuple[str, int]:
+        limit, sha, size = self.settings.max_upload_bytes, hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            while chunk := stream.read(CHUNK_BYTES):
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"the file exceeds the upload limit of {limit} bytes: "
+                                          "split it, or ask the operator to raise EFT_MAX_UPLOAD_BYTES",
+                                          param="file")
+                sha.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        return sha.hexdigest(), size
+
+    def get(self, file_id: str, tenant: str | None) -> FileRecord:
+        """The file; raises FileNotFound, also for another tenant's file (tenant None: any)."""
+        query = table.select().where(table.c.id == file_id)
+        if tenant is not None:
+            query = query.where(table.c.tenant == tenant)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            raise FileNotFound(file_id)
+        return _record(row)
+
+    def list(self, tenant: str | None, limit: int = 20, after: str | None = None,
+             purpose: str | None = None) -> tuple[list[FileRecord], bool]:
+        """Returns (files newest first after the cursor id, has_more)."""
+        query = table.select().order_by(table.c.id.desc()).limit(limit + 1)
+        if tenant is not None:
+            query = query.where(table.c.tenant == tenant)
+        if after:
+            query = query.where(table.c.id < after)
+        if purpose:
+            query = query.where(table.c.purpose == purpose)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [_record(r) for r in rows[:limit]], len(rows) > limit
+
+    def delete(self, file_id: str, tenant: str | None) -> FileRecord:
+        """Forget the file and remove its bytes; raises FileNotFound."""
+        record = self.get(file_id, tenant)
+        with self.engine.begin() as conn:
+            conn.execute(table.delete().where(table.c.id == file_id))
+        Path(record.path).unlink(missing_ok=True)
+        return record

@@ -1,0 +1,110 @@
+"""The OpenAI fine-tuning API mapped onto our jobs: one conversion each way.
+
+- request: `model` is the base model, `hyperparameters` (or `method.supervised.hyperparameters`)
+  map `n_epochs` -> epochs, `batch_size` -> global batch, `learning_rate_multiplier` x 2e-4 ->
+  learning rate; `seed`, `metadata` carry over; `suffix` becomes the job's name.
+- object: our statuses become OpenAI's (`validating` -> `validating_files`, `cancelling` ->
+  `cancelled`), times become Unix seconds, `fine_tuned_model` is the adapter's location.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.models import Hyperparameters, Job, JobCreate, JobEvent, JobStatus
+from api.openai_models import (
+    FineTuningJob,
+    FineTuningJobCheckpoint,
+    FineTuningJobCreate,
+    FineTuningJobError,
+    FineTuningJobEvent,
+)
+
+BASE_LEARNING_RATE = 2e-4
+ORGANIZATION_PREFIX = "org-"
+STATUS = {
+    JobStatus.validating: "validating_files", JobStatus.queued: "queued",
+    JobStatus.running: "running", JobStatus.cancelling: "cancelled",
+    JobStatus.succeeded: "succeeded", JobStatus.failed: "failed", JobStatus.cancelled: "cancelled",
+}
+LEVEL = {"info": "info", "warning": "warn", "error": "error"}
+
+
+def to_job_create(body: FineTuningJobCreate) -> JobCreate:
+    """Our job request for an OpenAI create request; raises pydantic.ValidationError."""
+    hp = body.resolved_hyperparameters
+    hyper: dict[str, Any] = {}
+    if hp.n_epochs != "auto":
+        hyper["epochs"] = hp.n_epochs
+    if hp.batch_size != "auto":
+        hyper["global_batch_size"] = hp.batch_size
+        hyper["micro_batch_size"] = min(hp.batch_size, Hyperparameters().micro_batch_size)
+    if hp.learning_rate_multiplier != "auto":
+        hyper["learning_rate"] = BASE_LEARNING_RATE * hp.learning_rate_multiplier
+    if hp.max_steps is not None:
+        hyper["max_steps"] = hp.max_steps
+    if hp.max_seq_len is not None:
+        hyper["max_seq_len"] = hp.max_seq_len
+    if body.seed is not None:
+        hyper["seed"] = body.seed
+    return JobCreate.model_validate({
+        "model": body.model, "training_file": body.training_file,
+        "validation_file": body.validation_file, "hyperparameters": hyper,
+        "name": body.suffix, "metadata": body.metadata or {},
+    })
+
+
+def _seconds(value: Any) -> int | None:
+    return int(value.timestamp()) if value is not None else None
+
+
+def to_openai_job(job: Job, tenant: str) -> FineTuningJob:
+    hp = job.hyperparameters
+    hyperparameters = {
+        "n_epochs": hp.epochs if hp.epochs is not None and hp.epochs == int(hp.epochs) else (hp.epochs or 1),
+        "batch_size": hp.global_batch_size,
+        "learning_rate_multiplier": round(hp.learning_rate / BASE_LEARNING_RATE, 6),
+    }
+    if hp.max_steps is not None:
+        hyperparameters["max_steps"] = hp.max_steps
+    error = None
+    if job.error is not None:
+        error = FineTuningJobError(code=job.error.code, message=job.error.message, param=job.error.param)
+    return FineTuningJob(
+        id=job.id, model=job.model, created_at=_seconds(job.created_at) or 0,
+        finished_at=_seconds(job.finished_at), fine_tuned_model=job.artifact_path,
+        organization_id=ORGANIZATION_PREFIX + tenant, status=STATUS[job.status],
+        training_file=job.training_file, validation_file=job.validation_file,
+        hyperparameters=hyperparameters,
+        method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
+        trained_tokens=int(job.result_metrics["train_tokens"]) if "train_tokens" in job.result_metrics else None,
+        error=error, seed=hp.seed, metadata=job.metadata or None, user_provided_suffix=job.name,
+    )
+
+
+def to_openai_event(event: JobEvent) -> FineTuningJobEvent:
+    return FineTuningJobEvent(
+        id=f"ftevent-{event.id}", created_at=_seconds(event.created_at) or 0,
+        level=LEVEL.get(event.level, "info"), message=event.message,
+        type="metrics" if event.type == "metrics" else "message",
+        data={"type": event.type, **event.data},
+    )
+
+
+def event_number(event_id: str | None) -> int | None:
+    """The store's event number in an `ftevent-<n>` id; None when it is not one."""
+    if event_id and event_id.startswith("ftevent-") and event_id[8:].isdigit():
+        return int(event_id[8:])
+    return None
+
+
+def to_openai_checkpoint(job_id: str, checkpoint: dict[str, Any]) -> FineTuningJobCheckpoint:
+    metrics = {k: v for k, v in (checkpoint.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    if "loss" in metrics:
+        metrics.setdefault("train_loss", metrics["loss"])
+    return FineTuningJobCheckpoint(
+        id=f"ftckpt-{job_id.removeprefix('ftjob-')}-{checkpoint['attempt']}-{checkpoint['step']}",
+        created_at=_seconds(checkpoint["created_at"]) or 0,
+        fine_tuned_model_checkpoint=checkpoint["path"], fine_tuning_job_id=job_id,
+        metrics={"step": checkpoint["step"], **metrics}, step_number=checkpoint["step"],
+    )

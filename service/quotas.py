@@ -1,0 +1,98 @@
+"""Per-tenant quotas, checked when a job is created: active (validating, queued, running)
+jobs, and the CPUs and GPUs those jobs ask for at their largest size.
+
+Over a limit, a create answers 429 with `Retry-After`, unless the tenant's row says
+`queue_over_quota`: its jobs are then accepted and wait in `queued` (the scheduler runs at most
+`max_running_jobs_per_tenant` of them at once). Limits come from the `tenants` row, or from the
+`EFT_MAX_*_PER_TENANT` settings where the row (or a value in it) is missing. Set a tenant's row
+with `service/quotas.py:set_tenant_limits`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from api.models import JobCreate, JobStatus
+from service.errors import ServiceError
+from service.schema import tenants
+from service.settings import Settings
+from service.store import Store, jobs, utcnow
+
+ACTIVE = (JobStatus.validating, JobStatus.queued, JobStatus.running, JobStatus.cancelling)
+
+
+class QuotaExceeded(ServiceError):
+    status_code = 429
+    type = "rate_limit_error"
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, param: str, retry_after_s: int):
+        super().__init__(message, param=param)
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    max_active_jobs: int
+    max_cpus: float
+    max_gpus: float
+    queue_over_quota: bool
+
+
+def limits_for(store: Store, tenant: str, settings: Settings) -> TenantLimits:
+    with store.engine.connect() as conn:
+        row = conn.execute(tenants.select().where(tenants.c.id == tenant)).first()
+    pick = lambda name, default: getattr(row, name) if row is not None and getattr(row, name) is not None else default  # noqa: E731
+    return TenantLimits(
+        max_active_jobs=pick("max_active_jobs", settings.max_active_jobs_per_tenant),
+        max_cpus=pick("max_cpus", settings.max_cpus_per_tenant),
+        max_gpus=pick("max_gpus", settings.max_gpus_per_tenant),
+        queue_over_quota=bool(row.queue_over_quota) if row is not None else False,
+    )
+
+
+def set_tenant_limits(store: Store, tenant: str, *, max_active_jobs: int | None = None,
+                      max_cpus: float | None = None, max_gpus: float | None = None,
+                      queue_over_quota: bool = False) -> None:
+    """Create or replace a tenant's limits (None: the server's default)."""
+    values = dict(max_active_jobs=max_active_jobs, max_cpus=max_cpus, max_gpus=max_gpus,
+                  queue_over_quota=queue_over_quota)
+    with store.engine.begin() as conn:
+        updated = conn.execute(tenants.update().where(tenants.c.id == tenant).values(**values))
+        if updated.rowcount == 0:
+            conn.execute(tenants.insert().values(id=tenant, created_at=utcnow(), **values))
+
+
+def _demand(request: JobCreate) -> tuple[float, float]:
+    """(CPUs, GPUs) a job asks for at its largest size."""
+    workers = request.scaling.resolved_max_workers
+    return workers * request.scaling.cpus_per_worker, float(workers if request.scaling.use_gpu else 0)
+
+
+def check_quota(store: Store, tenant: str, request: JobCreate, settings: Settings) -> None:
+    """Raise QuotaExceeded when `request` would take `tenant` over a limit."""
+    limits = limits_for(store, tenant, settings)
+    if limits.queue_over_quota:
+        return
+    query = sa.select(jobs.c.request).where(jobs.c.tenant == tenant,
+                                            jobs.c.status.in_([s.value for s in ACTIVE]))
+    with store.engine.connect() as conn:
+        active = [JobCreate.model_validate(r) for (r,) in conn.execute(query).all()]
+    cpus, gpus = _demand(request)
+    used_cpus = sum(_demand(r)[0] for r in active)
+    used_gpus = sum(_demand(r)[1] for r in active)
+    retry = settings.quota_retry_after_s
+    if len(active) + 1 > limits.max_active_jobs:
+        raise QuotaExceeded(f"tenant {tenant!r} has {len(active)} active jobs, the limit is "
+                            f"{limits.max_active_jobs}: wait for one to finish or cancel one",
+                            "tenant.max_active_jobs", retry)
+    if used_cpus + cpus > limits.max_cpus:
+        raise QuotaExceeded(f"this job asks for {cpus:g} CPUs and tenant {tenant!r} already uses "
+                            f"{used_cpus:g} of {limits.max_cpus:g}: use fewer workers or wait",
+                            "scaling.max_workers", retry)
+    if used_gpus + gpus > limits.max_gpus:
+        raise QuotaExceeded(f"this job asks for {gpus:g} GPUs and tenant {tenant!r} already uses "
+                            f"{used_gpus:g} of {limits.max_gpus:g}: use fewer workers or wait",
+                            "scaling.max_workers", retry)

@@ -1,0 +1,83 @@
+"""The Serve config of the service: one source for `eft up`, `deploy/serve.yaml` and the
+KubeRay RayService's `serveConfigV2`.
+
+`eft up` (service/local.py:deploy_app) deploys the application this module describes; the
+files under deploy/ embed the same config, rendered. After changing it, render them again:
+    .venv/bin/python -m service.serve_config
+(tests/unit/test_deploy_files.py fails while a rendered copy differs from this source).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+APP_NAME = "eft"
+IMPORT_PATH = "service.deployment:app"
+DEPLOYMENT = "EftService"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Settings a cluster deployment passes to the replicas through the Serve config; secrets (the
+# database URL, object-store credentials) come from the pods' environment instead.
+CLUSTER_ENV = {"EFT_HOME": "/var/lib/eft"}
+
+
+def application(env: dict[str, str], num_replicas: int = 1) -> dict[str, Any]:
+    """The Serve application entry: the deployment with the `EFT_*` variables `env`."""
+    return {
+        "name": APP_NAME,
+        "route_prefix": "/",
+        "import_path": IMPORT_PATH,
+        "runtime_env": {"env_vars": dict(env)},
+        "deployments": [{
+            "name": DEPLOYMENT,
+            "num_replicas": num_replicas,
+            # The replica only serves HTTP and schedules: it must not take a CPU a worker needs.
+            "ray_actor_options": {"num_cpus": 0},
+        }],
+    }
+
+
+def render(env: dict[str, str] | None = None, port: int = 8000, num_replicas: int = 1) -> dict[str, Any]:
+    """The whole Serve config (`serve deploy` / `serveConfigV2`)."""
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "0.0.0.0", "port": port},
+        "applications": [application(CLUSTER_ENV if env is None else env, num_replicas)],
+    }
+
+
+def render_yaml(**kwargs: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(render(**kwargs), sort_keys=False)
+
+
+def _indent(text: str, spaces: int) -> str:
+    return "".join(" " * spaces + line if line.strip() else line for line in text.splitlines(True))
+
+
+SERVE_YAML = REPO_ROOT / "deploy" / "serve.yaml"
+RAYSERVICE = REPO_ROOT / "deploy" / "kuberay" / "base" / "rayservice.yaml"
+_BEGIN, _END = "  # BEGIN rendered by service/serve_config.py\n", "  # END rendered\n"
+_SERVE_YAML_HEADER = """\
+# Ray Serve config for the eft service, for `serve deploy deploy/serve.yaml` on a running
+# cluster. Rendered by `python -m service.serve_config` from service/serve_config.py, the source
+# `eft up` and the KubeRay RayService share. Settings and secrets come from EFT_* variables in
+# the nodes' environment (see docs/operations.md).
+"""
+
+
+def write() -> None:
+    """Render deploy/serve.yaml and the RayService's serveConfigV2 block from `render()`."""
+    SERVE_YAML.write_text(_SERVE_YAML_HEADER + render_yaml())
+    text = RAYSERVICE.read_text()
+    before, rest = text.split(_BEGIN, 1)
+    _, after = rest.split(_END, 1)
+    block = "  serveConfigV2: |\n" + _indent(render_yaml(), 4)
+    RAYSERVICE.write_text(before + _BEGIN + block + _END + after)
+
+
+if __name__ == "__main__":
+    write()
+    sys.exit(0)

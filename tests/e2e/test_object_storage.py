@@ -1,0 +1,121 @@
+"""Checkpoints and artifacts in an S3-compatible object store (moto's server on loopback).
+
+One job runs with both roots in a bucket; a worker is killed after its first checkpoint, the
+worker group restarts by reading that checkpoint back from the bucket, and the finished adapter
+is downloaded from the bucket and loaded with PEFT. Credentials live in the environment only:
+the secret appears nowhere in the job, its events or the job store.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+
+import pytest
+
+from tests.e2e.conftest import api, wait_for
+from tests.e2e.test_recovery import _body, _checkpointed, _events, _get, _post, _until, _worker_pids
+
+pytestmark = pytest.mark.e2e
+BUCKET = "eft-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on loopback with one bucket; yields the storage environment."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "eft-test-key",
+        "AWS_SECRET_ACCESS_KEY": f"secret-{secrets.token_hex(12)}",
+        "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    client.create_bucket(Bucket=BUCKET)
+    yield {"env": env, "client": client}
+    server.stop()
+
+
+@pytest.fixture
+def s3_service(service, s3):
+    service["restart"](
+        EFT_CHECKPOINT_ROOT=f"s3://{BUCKET}/checkpoints", EFT_ARTIFACT_ROOT=f"s3://{BUCKET}/artifacts",
+        EFT_FILES_ROOT=f"s3://{BUCKET}/files", **s3["env"],
+    )
+    try:
+        yield service
+    finally:
+        service["restart"]()
+
+
+def _keys(client, prefix: str) -> list[str]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    # Keys ending in "/" are the empty directory markers pyarrow keeps, not files.
+    return [o["Key"] for page in pages for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+
+
+def test_checkpoints_and_artifact_in_object_storage_survive_a_killed_worker(s3_service, s3, tmp_path):
+    url = s3_service["url"]
+    job = _post(url, _body("s3-kill-a-worker", 80, checkpoint={"every_steps": 20}))
+    jid = job["id"]
+    latest = _until("a checkpoint in the bucket", lambda: _checkpointed(url, jid, 20))
+    pids = _worker_pids(s3_service["dashboard_url"])
+    assert len(pids) == 2, pids
+    os.kill(pids[1], signal.SIGKILL)
+    done = wait_for(jid, url, {"succeeded"})
+
+    # The restarted workers read the checkpoint back from the bucket.
+    assert done["restarts"] == 1 and done["attempt"] == 1
+    events = _events(url, jid)
+    resumed = [e for e in events if e["type"] == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["data"]["step"] >= latest
+    checkpoints = _get(url, jid, "/checkpoints")
+    assert checkpoints and all(c["path"].startswith(f"s3://{BUCKET}/checkpoints/{jid}/") for c in checkpoints)
+    assert all(c["size_bytes"] > 0 for c in checkpoints)
+    keys = _keys(s3["client"], f"checkpoints/{jid}/")
+    assert any(k.endswith("trainable.safetensors") for k in keys), keys
+    assert not (s3_service["home"] / "checkpoints" / jid).exists()  # nothing went to local disk
+
+    # The artifact is committed in the bucket and loads with PEFT after a download.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from service.settings import BUNDLED_ASSETS
+    from training import artifacts
+
+    assert done["artifact_path"] == f"s3://{BUCKET}/artifacts/{jid}"
+    keys = _keys(s3["client"], f"artifacts/{jid}/")
+    assert f"artifacts/{jid}/{artifacts.COMMIT_MARKER}" in keys
+    assert not _keys(s3["client"], "artifacts/.staging/")  # the staging prefix was cleaned up
+    os.environ.update(s3["env"])
+    try:
+        local = artifacts.download(done["artifact_path"], tmp_path / "adapter")
+    finally:
+        for name in s3["env"]:
+            os.environ.pop(name, None)
+    base = AutoModelForCausalLM.from_pretrained(BUNDLED_ASSETS / "models" / "tiny-llama")
+    model = PeftModel.from_pretrained(base, str(local))
+    assert any("lora_A" in name for name, _ in model.named_parameters())
+
+    # Credentials stay in the environment: not in the job, its events, or the database file.
+    secret = s3["env"]["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in api.get(f"{url}/jobs/{jid}").text
+    assert secret not in api.get(f"{url}/jobs/{jid}/events?limit=1000").text
+    for database in s3_service["home"].glob("eft.db*"):  # with SQLite's write-ahead log
+        assert secret.encode() not in database.read_bytes(), database

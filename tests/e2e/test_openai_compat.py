@@ -1,0 +1,59 @@
+"""The official `openai` package drives a real fine-tuning job through the service's `/v1`:
+files.create -> fine_tuning.jobs.create -> retrieve until succeeded -> list_events ->
+checkpoints.list, with one tiny job on the shared Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from service.settings import BUNDLED_ASSETS
+from tests.e2e.conftest import ADMIN_KEY
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_openai_client_runs_a_fine_tuning_job(service):
+    from openai import NotFoundError, OpenAI
+
+    client = OpenAI(base_url=f"{service['url']}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60)
+    lines = (BUNDLED_ASSETS / "data" / "demo" / "chat_train.jsonl").read_text().splitlines()[:32]
+    uploaded = client.files.create(file=("train.jsonl", ("\n".join(lines) + "\n").encode()),
+                                   purpose="fine-tune")
+    assert uploaded.id.startswith("file-") and uploaded.purpose == "fine-tune"
+
+    job = client.fine_tuning.jobs.create(
+        model="tiny-llama", training_file=uploaded.id, suffix="openai-e2e", seed=7,
+        metadata={"team": "e2e"},
+        method={"type": "supervised", "supervised": {"hyperparameters": {
+            "batch_size": 4, "learning_rate_multiplier": 10, "max_steps": 3, "max_seq_len": 96}}},
+    )
+    assert job.status in ("validating_files", "queued") and job.seed == 7
+    assert job.user_provided_suffix == "openai-e2e" and job.metadata == {"team": "e2e"}
+    assert job.id in [j.id for j in client.fine_tuning.jobs.list(limit=5).data]
+
+    deadline = time.monotonic() + 420
+    while (job := client.fine_tuning.jobs.retrieve(job.id)).status not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, f"job still {job.status}"
+        time.sleep(1)
+    assert job.status == "succeeded", job.error
+    assert job.finished_at >= job.created_at and job.hyperparameters.batch_size == 4
+    adapter = Path(job.fine_tuned_model)
+    assert json.loads((adapter / "adapter_config.json").read_text())["peft_type"] == "LORA"
+
+    events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
+    assert events and events[0].created_at >= events[-1].created_at  # newest first
+    assert any("succeeded" in e.message or e.data.get("type") == "succeeded" for e in events)
+    page = client.fine_tuning.jobs.list_events(job.id, limit=2)
+    older = client.fine_tuning.jobs.list_events(job.id, limit=2, after=page.data[-1].id)
+    assert older.data and older.data[0].id not in {e.id for e in page.data}
+
+    checkpoints = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert checkpoints and checkpoints[0].step_number == 3
+    assert checkpoints[0].fine_tuning_job_id == job.id
+
+    with pytest.raises(NotFoundError):
+        client.fine_tuning.jobs.retrieve("ftjob-doesnotexist")

@@ -1,0 +1,71 @@
+"""Malformed requests get a 4xx with the error envelope and the request id, never a 5xx, and
+store nothing: wrong content types, invalid UTF-8, huge numbers, deep nesting, unknown fields,
+path traversal, unknown routes and methods, oversized bodies."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+def _envelope(r, *statuses):
+    assert r.status_code in statuses, (r.status_code, r.text)
+    error = r.json()["error"]
+    assert {"type", "code", "message", "param"} <= set(error)
+    assert r.headers["x-request-id"]
+    return error
+
+
+@pytest.fixture
+def train(eft_home):
+    (eft_home / "data" / "t.jsonl").write_text(json.dumps(CHAT) + "\n")
+    (eft_home / "outside.jsonl").write_text(json.dumps(CHAT) + "\n")
+    (eft_home / "data" / "link.jsonl").symlink_to(eft_home / "outside.jsonl")
+    return "t.jsonl"
+
+
+BODIES = [
+    ("text/plain", b"model=tiny-llama"),
+    ("application/json", b"\xff\xfe{\"model\": 1}"),
+    ("application/json", b"{not json"),
+    ("application/json", b"[" * 5000 + b"]" * 5000),
+    ("application/json", json.dumps({"model": "tiny-llama", "training_file": "t.jsonl",
+                                     "hyperparameters": {"max_steps": 10**400}}).encode()),
+    ("application/json", json.dumps({"model": "tiny-llama", "training_file": "t.jsonl",
+                                     "hyperparameters": {"learning_rate": 1e308 * 10}}).encode()),
+    ("application/json", json.dumps({"model": "tiny-llama", "training_file": "t.jsonl",
+                                     "surprise": True}).encode()),
+]
+
+
+@pytest.mark.parametrize("content_type,body", BODIES)
+def test_malformed_job_bodies_are_4xx_and_store_nothing(client, train, content_type, body):
+    r = client.post("/jobs", content=body, headers={"Content-Type": content_type})
+    _envelope(r, 400, 415, 422)
+    assert client.get("/jobs").json()["data"] == []
+
+
+@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "link.jsonl", "a/../../t.jsonl",
+                                  "~root/x.jsonl", "x" * 5000, "file-" + "0" * 24])
+def test_paths_outside_the_data_roots_are_refused(client, train, path):
+    r = client.post("/jobs", json={"model": "tiny-llama", "training_file": path})
+    error = _envelope(r, 422)
+    assert error["errors"][0]["param"].startswith("training_file")
+    assert client.get("/jobs").json()["data"] == []
+
+
+def test_unknown_routes_methods_and_ids_use_the_envelope(client):
+    assert _envelope(client.get("/nope"), 404)["code"] == "not_found"
+    assert _envelope(client.put("/jobs"), 405)["code"] == "method_not_allowed"
+    assert _envelope(client.get("/jobs/ftjob-nope"), 404)["code"] == "job_not_found"
+    assert _envelope(client.get("/jobs", params={"limit": 10**30}), 422)
+    assert _envelope(client.get("/v1/fine_tuning/jobs/ftjob-nope"), 404)
+
+
+def test_an_oversized_json_body_is_413(client, train):
+    r = client.post("/jobs", content=b'{"model": "' + b"x" * (2 * 1024**2) + b'"}',
+                    headers={"Content-Type": "application/json"})
+    assert _envelope(r, 413)["code"] == "payload_too_large"
+    assert client.get("/jobs").json()["data"] == []

@@ -1,0 +1,96 @@
+"""The service's observability surface over a real store, without Ray: /metrics in Prometheus
+text, the /ui pages and their static files, and the 4xx answers of logs and manifest."""
+
+import json
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.integration
+CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+def _samples(client) -> dict[tuple[str, tuple], float]:
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(r.text) for s in family.samples}
+
+
+def _create(client, eft_home) -> dict:
+    (eft_home / "data" / "train.jsonl").write_text(json.dumps(CHAT) + "\n")
+    r = client.post("/jobs", json={"model": "tiny-llama", "training_file": "train.jsonl", "name": "obs"})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_metrics_count_requests_by_route_template_and_jobs_by_status(client, eft_home):
+    before = _samples(client)
+    job = _create(client, eft_home)
+    assert client.get(f"/jobs/{job['id']}").status_code == 200
+    assert client.get("/jobs/ftjob-nope").status_code == 404
+    after = _samples(client)
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    route = {"method": "GET", "route": "/jobs/{job_id}"}
+    assert delta("eft_http_requests_total", **route, status="200") == 1
+    assert delta("eft_http_requests_total", **route, status="404") == 1
+    assert delta("eft_http_requests_total", method="POST", route="/jobs", status="201") == 1
+    assert delta("eft_http_request_duration_seconds_count", **route) == 2
+    assert after[("eft_jobs", (("status", "validating"),))] == 1
+    assert after[("eft_jobs", (("status", "running"),))] == 0
+    assert after[("eft_queue_depth", ())] == 0
+
+
+def test_job_carries_progress_fields(client, eft_home):
+    job = client.get(f"/jobs/{_create(client, eft_home)['id']}").json()
+    assert job["progress"] is None and job["estimated_finish"] is None and job["trained_tokens"] is None
+
+
+def test_ui_pages_and_static_files(client, eft_home):
+    job = _create(client, eft_home)
+    listing = client.get("/ui")
+    assert listing.status_code == 200 and 'data-page="list"' in listing.text and 'id="jobs"' in listing.text
+    page = client.get(f"/ui/jobs/{job['id']}")
+    assert f'data-job-id="{job["id"]}"' in page.text and 'id="loss-chart"' in page.text
+    assert 'data-page="new"' in client.get("/ui/new").text
+    # Markup in an id is escaped, never rendered.
+    assert "<script>alert" not in client.get("/ui/jobs/<script>alert(1)</script>").text
+    for path in ("/ui/static/ui.js", "/ui/static/ui.css", "/ui/static/vendor/uplot/uPlot.iife.min.js"):
+        assert client.get(path).status_code == 200, path
+    assert "Authorization" in client.get("/ui/static/ui.js").text
+    assert client.get("/", follow_redirects=False).headers["location"] == "/ui"
+
+
+def test_logs_and_manifest_before_the_job_ran_are_409_with_the_envelope(client, eft_home):
+    job = _create(client, eft_home)
+    for path in (f"/jobs/{job['id']}/logs", f"/jobs/{job['id']}/manifest"):
+        r = client.get(path)
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert error["param"] == "job_id" and "yet" in error["message"]
+    r = client.get(f"/jobs/{job['id']}/logs", params={"attempt": 3})
+    assert r.status_code == 409 and r.json()["error"]["param"] == "attempt"
+    r = client.get("/jobs/ftjob-nope/logs", params={"follow": "true"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found"
+    assert client.get(f"/jobs/{job['id']}/logs", params={"tail": 0}).status_code == 422
+
+
+def test_latest_metric_values_takes_each_jobs_newest_row(database_url):
+    from service.store import Store
+
+    store = Store(database_url)
+    try:
+        a, _ = store.create_job(tenant="t", request={}, name=None, idempotency_key=None)
+        b, _ = store.create_job(tenant="t", request={}, name=None, idempotency_key=None)
+        store.record_metrics(a.id, 1, 1, {"loss": 2.0, "trained_tokens": 10})
+        store.record_metrics(a.id, 1, 2, {"loss": 1.5, "trained_tokens": 20})
+        store.record_metrics(b.id, 1, 1, {"loss": 3.0})
+        latest = store.latest_metric_values([a.id, b.id, "ftjob-none"])
+        assert latest == {a.id: {"loss": 1.5, "trained_tokens": 20}, b.id: {"loss": 3.0}}
+        assert store.latest_metric_values([]) == {}
+    finally:
+        store.close()

@@ -1,0 +1,153 @@
+"""The deployment files: every manifest parses and matches a schema of the fields it uses; the
+Serve config is the one `eft up` deploys; images and clusters install the way CI does."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from service import serve_config
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CLUSTERS = sorted((DEPLOY / "cluster").glob("*.yaml"))
+RAYSERVICE = DEPLOY / "kuberay" / "base" / "rayservice.yaml"
+KUBERAY_SCHEMA = json.loads((Path(__file__).parent / "schemas" / "kuberay-rayservice.json").read_text())
+INSTALL = "deploy/install.sh"
+
+
+def _ray_schema() -> dict:
+    import ray.autoscaler
+
+    return json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+
+
+def _rayservice() -> dict:
+    return yaml.safe_load(RAYSERVICE.read_text())
+
+
+def test_every_manifest_parses():
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert len(files) >= 9, files
+    for path in files:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        assert documents and all(isinstance(d, dict) for d in documents), path
+
+
+@pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.name)
+def test_cluster_launcher_config_matches_rays_schema(path):
+    config = yaml.safe_load(path.read_text())
+    jsonschema.validate(config, _ray_schema())
+    assert config["provider"]["type"] == path.stem
+    head = config["available_node_types"][config["head_node_type"]]
+    assert head["resources"] == {"CPU": 0}  # training never lands on the head
+    spot = config["available_node_types"]["gpu-spot"]
+    assert spot["min_workers"] == 0 < spot["max_workers"] <= config["max_workers"]
+    market = json.dumps(spot["node_config"])
+    assert any(word in market for word in ('"spot"', '"SPOT"', '"Spot"')), market
+    assert all(INSTALL in c for c in config["setup_commands"])
+    assert any("eft up" in c for c in config["head_start_ray_commands"])
+
+
+def test_cluster_launcher_schema_catches_a_misspelt_key():
+    config = yaml.safe_load(CLUSTERS[0].read_text())
+    config["max_worker"] = config.pop("max_workers")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(config, _ray_schema())
+
+
+def test_rayservice_matches_the_kuberay_schema_and_wires_spot_gpus_and_fault_tolerance():
+    manifest = _rayservice()
+    jsonschema.validate(manifest, KUBERAY_SCHEMA)
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] and cluster["autoscalerOptions"]["idleTimeoutSeconds"] > 0
+    assert cluster["gcsFaultToleranceOptions"]["redisAddress"]
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    assert set(groups) == {"cpu", "gpu-spot", "gpu-on-demand"}
+    spot = groups["gpu-spot"]
+    assert spot["minReplicas"] == 0 < spot["maxReplicas"]
+    pod = spot["template"]["spec"]
+    assert pod["nodeSelector"]["eft.dev/capacity"] == "spot" and pod["tolerations"]
+    assert groups["gpu-on-demand"]["template"]["spec"]["nodeSelector"]["eft.dev/capacity"] == "on-demand"
+    for name in ("gpu-spot", "gpu-on-demand"):
+        (container,) = groups[name]["template"]["spec"]["containers"]
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == container["resources"]["limits"]["nvidia.com/gpu"]
+        assert {"name": "eft-nccl"} in [e.get("configMapRef") for e in container["envFrom"]]
+    (head,) = cluster["headGroupSpec"]["template"]["spec"]["containers"]
+    assert head["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8000}
+    assert head["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+
+
+def test_kuberay_schema_catches_a_misspelt_field():
+    manifest = _rayservice()
+    group = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"][1]
+    group["maxReplica"] = group.pop("maxReplicas")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(manifest, KUBERAY_SCHEMA)
+
+
+def test_every_secret_the_pods_read_is_declared():
+    docs = list(yaml.safe_load_all((DEPLOY / "kuberay" / "base" / "settings.yaml").read_text()))
+    secret = next(d for d in docs if d["kind"] == "Secret")
+    refs = re.findall(r"secretKeyRef: \{name: (\S+), key: ([\w-]+)(, optional: true)?\}", RAYSERVICE.read_text())
+    assert refs
+    for name, key, optional in refs:
+        assert name == secret["metadata"]["name"]
+        assert optional or key in secret["stringData"], key
+
+
+def test_nccl_overlays_set_tcp_and_infiniband():
+    literals = {}
+    for overlay in ("tcp", "infiniband"):
+        kustomization = yaml.safe_load((DEPLOY / "kuberay" / "overlays" / overlay / "kustomization.yaml").read_text())
+        assert kustomization["resources"] == ["../../base"]
+        (generator,) = kustomization["configMapGenerator"]
+        assert generator["name"] == "eft-nccl" and generator["behavior"] == "replace"
+        literals[overlay] = dict(item.split("=", 1) for item in generator["literals"])
+    assert literals["tcp"]["NCCL_IB_DISABLE"] == "1" and literals["tcp"]["NCCL_SOCKET_IFNAME"]
+    assert literals["infiniband"]["NCCL_IB_DISABLE"] == "0" and literals["infiniband"]["NCCL_IB_HCA"]
+
+
+def test_the_serve_config_has_one_source():
+    embedded = yaml.safe_load(_rayservice()["spec"]["serveConfigV2"])
+    assert embedded == serve_config.render()
+    assert yaml.safe_load((DEPLOY / "serve.yaml").read_text()) == serve_config.render()
+    (app,) = serve_config.render(env={"EFT_HOME": "/x"}, num_replicas=2)["applications"]
+    assert app == serve_config.application({"EFT_HOME": "/x"}, 2)
+    # The import path names the deployment `eft up` deploys (service/local.py:deploy_app).
+    module, _, attr = app["import_path"].partition(":")
+    from importlib import import_module
+
+    bound = getattr(import_module(module), attr)
+    from service.deployment import EftService
+
+    assert bound._bound_deployment.func_or_class is EftService.func_or_class
+    assert app["deployments"][0]["name"] == EftService.name
+
+
+def _recipe(makefile: str, target: str) -> str:
+    match = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert match, target
+    return match.group(1)
+
+
+def test_image_and_ci_install_with_the_same_script():
+    makefile = (ROOT / "Makefile").read_text()
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert INSTALL in _recipe(makefile, "$(STAMP)")
+    runs = [line for line in dockerfile.splitlines() if line.startswith("RUN") and INSTALL in line]
+    stages = re.findall(r"^FROM \S+ AS (\w+)", dockerfile, re.M)
+    assert stages == ["cpu", "gpu"] and len(runs) == len(stages)
+    # Nothing installs Python packages around the script.
+    assert "pip install" not in makefile and "pip install" not in dockerfile
+    torch_make = re.search(r"^TORCH_VERSION \?= (\S+)", makefile, re.M).group(1)
+    torch_image = re.search(r"^ARG TORCH_VERSION=(\S+)", dockerfile, re.M).group(1)
+    assert torch_make == torch_image
+    for path in CLUSTERS:
+        assert f"{INSTALL} ~/eft/.venv {torch_make}" in path.read_text(), path
