@@ -202,7 +202,9 @@ class SpotNodes:
         import ray
 
         before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "6"}
+        # A 30 s notice, as GCP and Azure give (AWS gives 2 min): Ray Train polls for drains
+        # every 5 s, and the preemption checkpoint must be saved and registered after that.
+        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "30"}
         log = open(self.log_dir / f"node-{len(self.procs)}.log", "w")
         proc = subprocess.Popen(
             [RAY, "start", f"--address={self.gcs_address}", "--num-cpus=1",
