@@ -21,7 +21,10 @@ tokens, median about 100), global batch 16 in micro-batches of 4, max_seq_len 51
 3. Start latency of the 1-worker jobs: created -> validated -> dispatched -> first optimizer step
    -> succeeded, from the job's events and metrics.
 4. API: 50 concurrent clients (asyncio, one connection each) on loopback, `POST /jobs` then
-   `GET /jobs/{id}`; latency percentiles and requests per second.
+   `GET /jobs/{id}`; latency percentiles and requests per second. The service is redeployed
+   with dispatching paused for this part: jobs are validated and queued, none trains.
+
+`--variants p1` (and so on) measures a subset and prints it, without touching BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import statistics
 import subprocess
 import sys
@@ -49,6 +53,7 @@ from bench.report import replace_section  # noqa: E402
 SECTION = "## Speed: useful tokens/s, service overhead, start latency, API"
 PY = sys.executable
 GLOBAL_BATCH, MICRO_BATCH, MAX_SEQ_LEN = 16, 4, 512
+VARIANTS = ("p1", "hf1", "p2", "hf2", "p1_nopack", "api")
 
 
 def _free_port() -> int:
@@ -111,12 +116,13 @@ def build_data(home: Path, n: int = 600) -> str:
     return "bench.jsonl"
 
 
-def job_body(model: str, data: str, workers: int, steps: int, packing: bool = True) -> dict[str, Any]:
+def job_body(model: str, data: str, workers: int, steps: int, packing: bool = True,
+             log_every: int = 1) -> dict[str, Any]:
     return {
         "name": f"speed-{workers}w{'' if packing else '-nopack'}", "model": model, "training_file": data,
         "method": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.05},
         "hyperparameters": {"max_steps": steps, "global_batch_size": GLOBAL_BATCH,
-                            "micro_batch_size": MICRO_BATCH, "max_seq_len": MAX_SEQ_LEN, "log_every_steps": 1},
+                            "micro_batch_size": MICRO_BATCH, "max_seq_len": MAX_SEQ_LEN, "log_every_steps": log_every},
         "scaling": {"min_workers": workers, "cpus_per_worker": 2 / workers},
         "strategy": "ddp", "optimizations": {"packing": packing, "precision": "fp32"},
         "checkpoint": {"every_steps": 100_000},
@@ -124,10 +130,16 @@ def job_body(model: str, data: str, workers: int, steps: int, packing: bool = Tr
 
 
 def useful_tokens_per_s(rows: list[dict[str, Any]]) -> float:
-    """Non-padding tokens over time for steps 2..N, from per-step metrics (one step per window)."""
-    rows = [r["values"] for r in rows if "tokens_per_s" in r["values"] and r["step"] >= 2]
-    seconds = sum(v["step_time_s"] for v in rows)
-    return sum(v["tokens_per_s"] * v["step_time_s"] for v in rows) / seconds
+    """Non-padding tokens over time for steps 2..N. Each metrics row covers the steps since the
+    previous row (step 1 always has a row of its own): `tokens_per_s` is the window's rate and
+    `step_time_s` its mean step time."""
+    rows = sorted((r for r in rows if "tokens_per_s" in r["values"]), key=lambda r: r["step"])
+    tokens = seconds = 0.0
+    for before, row in zip(rows, rows[1:]):
+        window_s = row["values"]["step_time_s"] * (row["step"] - before["step"])
+        tokens += row["values"]["tokens_per_s"] * window_s
+        seconds += window_s
+    return tokens / seconds
 
 
 def _ts(value: str) -> float:
@@ -135,8 +147,8 @@ def _ts(value: str) -> float:
 
 
 class Service:
-    def __init__(self, url: str, home: Path):
-        self.http = httpx.Client(base_url=url, timeout=60)
+    def __init__(self, url: str, home: Path, api_key: str):
+        self.http = httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {api_key}"})
         self.home = home
 
     def get(self, path: str) -> Any:
@@ -194,13 +206,15 @@ def run_plain(config: dict[str, Any]) -> float:
     return useful_tokens_per_s(json.loads((directory / "m.json").read_text()))
 
 
-async def _api_load(url: str, body: dict[str, Any], clients: int, posts: int, gets: int) -> dict[str, Any]:
+async def _api_load(url: str, api_key: str, body: dict[str, Any], clients: int, posts: int,
+                    gets: int) -> dict[str, Any]:
     post_ms: list[float] = []
     get_ms: list[float] = []
     ids: list[str] = []
 
     async def client(k: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=60,
+                                     headers={"Authorization": f"Bearer {api_key}"}) as http:
             for i in range(posts):
                 t = time.perf_counter()
                 r = await http.post("/jobs", json={**body, "name": f"api-{k}-{i}"})
@@ -218,12 +232,15 @@ async def _api_load(url: str, body: dict[str, Any], clients: int, posts: int, ge
     return {"post_ms": post_ms, "get_ms": get_ms, "wall_s": wall, "ids": ids}
 
 
-def api_benchmark(url: str, service: Service, clients: int = 50) -> dict[str, Any]:
-    # Short jobs on the bundled data: they validate and queue; the run ends before most train.
+def api_benchmark(url: str, api_key: str, service: Service, clients: int = 50) -> dict[str, Any]:
+    """Jobs on the bundled data, created and read by `clients` at once. The service runs with
+    dispatching paused (`EFT_DISPATCH_PAUSED`): every job is checked, stored, validated
+    (tokenised, planned) and queued by the service, but none starts training, whose processes
+    would otherwise take this machine's two cores from the API being measured."""
     body = {"model": "tiny-llama", "training_file": "demo/chat_train.jsonl", "hyperparameters": {"max_steps": 1}}
-    result = asyncio.run(_api_load(url, body, clients, posts=4, gets=20))
+    result = asyncio.run(_api_load(url, api_key, body, clients, posts=4, gets=20))
     for job_id in result["ids"]:
-        service.http.post(f"/jobs/{job_id}/cancel")
+        service.http.post(f"/jobs/{job_id}/cancel").raise_for_status()
     return result
 
 
@@ -245,27 +262,39 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)
     out: dict[str, Any] = {k: [] for k in ("p1", "p2", "p1_nopack", "hf1", "hf2", "plain", "starts")}
+    wanted = set(args.variants.split(","))
+    api_key = "eft-bench-" + secrets.token_urlsafe(16)
+    env = {"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": f"http://127.0.0.1:{dash_port}",
+           "EFT_ADMIN_API_KEY": api_key}
     try:
-        deploy_app({"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": f"http://127.0.0.1:{dash_port}",
-                    "EFT_SCHEDULER_INTERVAL_S": "0.2"}, port)
+        deploy_app(env, port)
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
-        service = Service(url, home)
+        service = Service(url, home, api_key)
         model_dir, data_path = home / "models" / model, home / "data" / data
         # Interleaved rounds: background load on the shared cores falls on every variant alike.
         for round_ in range(args.repeats):
-            p1 = service.run_job(job_body(model, data, 1, args.steps))
-            out["p1"].append(p1["tps"])
-            out["starts"].append(start_latency(p1))
-            # The plain script right after the job it copies: the two see the most similar load.
-            out["plain"].append(run_plain(service.config_of(p1["job"]["id"])))
-            out["hf1"].append(run_hf(model_dir, data_path, 1, args.steps))
-            out["p2"].append(service.run_job(job_body(model, data, 2, args.steps))["tps"])
-            out["hf2"].append(run_hf(model_dir, data_path, 2, args.steps))
-            out["p1_nopack"].append(service.run_job(job_body(model, data, 1, args.steps, packing=False))["tps"])
-            print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in out.items() if k != "starts"),
-                  flush=True)
-        out["api"] = api_benchmark(url, service)
+            if "p1" in wanted:
+                p1 = service.run_job(job_body(model, data, 1, args.steps))
+                out["p1"].append(p1["tps"])
+                out["starts"].append(start_latency(p1))
+                # The plain script right after the job it copies: the two see the most similar load.
+                out["plain"].append(run_plain(service.config_of(p1["job"]["id"])))
+            if "hf1" in wanted:
+                out["hf1"].append(run_hf(model_dir, data_path, 1, args.steps))
+            if "p2" in wanted:
+                out["p2"].append(service.run_job(job_body(model, data, 2, args.steps))["tps"])
+            if "hf2" in wanted:
+                out["hf2"].append(run_hf(model_dir, data_path, 2, args.steps))
+            if "p1_nopack" in wanted:
+                out["p1_nopack"].append(
+                    service.run_job(job_body(model, data, 1, args.steps, packing=False))["tps"])
+            print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in out.items()
+                                                      if k != "starts" and v), flush=True)
+        if "api" in wanted:
+            deploy_app({**env, "EFT_DISPATCH_PAUSED": "true", "EFT_MAX_ACTIVE_JOBS_PER_TENANT": "100000"})
+            wait_healthy(url)
+            out["api"] = api_benchmark(url, api_key, service)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -321,7 +350,9 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
         f"| GET /jobs/{{id}} | {n_get} | {pct(api['get_ms'], 50):.0f} | {pct(api['get_ms'], 95):.0f} | "
         f"{pct(api['get_ms'], 99):.0f} |", "",
         f"Throughput: {(n_post + n_get) / api['wall_s']:.0f} requests/s over {api['wall_s']:.1f} s "
-        "(each client posts 4 jobs, then reads 20; the service runs as one Serve replica).", "",
+        "(each client posts 4 jobs, then reads 20; the service runs as one Serve replica whose "
+        "scheduler validates, tokenises and plans every job meanwhile, with dispatching paused "
+        "(`EFT_DISPATCH_PAUSED`) so that no training takes the two cores from the API).", "",
     ]
     return "\n".join(lines)
 
@@ -331,9 +362,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="a subset to measure, for a quick look (BENCHMARKS.md needs them all)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     out = measure(args)
+    if set(args.variants.split(",")) != set(VARIANTS):
+        print(json.dumps({k: v for k, v in out.items() if k != "api"}, indent=1))
+        return 0
     section = render(out, args, time.perf_counter() - started)
     print(section)
     replace_section(args.output, SECTION, section)

@@ -2,7 +2,7 @@
 
 Deployed by `eft up` (service/local.py) or by a Serve config (`deploy/serve.yaml`,
 import path `service.deployment:app`). Each replica opens the job store, serves the API, and
-runs a scheduler pass every `EFT_SCHEDULER_INTERVAL_S`; replicas coordinate only through the
+runs a scheduler pass every `EFT_SCHEDULER_INTERVAL_S` (and at once after it stores a job); replicas coordinate only through the
 store's compare-and-set claims.
 """
 
@@ -28,7 +28,8 @@ log = logging.getLogger("eft.deployment")
 def build_service(settings: Settings) -> tuple[JobService, Scheduler]:
     store = Store(settings.resolved_database_url)
     launcher = RayJobsLauncher(settings)
-    return JobService(store, launcher, settings), Scheduler(store, launcher, settings, validate_job)
+    scheduler = Scheduler(store, launcher, settings, validate_job)
+    return JobService(store, launcher, settings, on_created=scheduler.wake), scheduler
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, health_check_period_s=10)

@@ -7,7 +7,7 @@ store and the launcher, and returns wire models.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from api.models import (
     Job,
@@ -54,8 +54,11 @@ def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
 
 
 class JobService:
-    def __init__(self, store: Store, launcher: Launcher, settings: Settings):
+    def __init__(self, store: Store, launcher: Launcher, settings: Settings,
+                 on_created: Callable[[], None] | None = None):
         self.store, self.launcher, self.settings = store, launcher, settings
+        #: Called after a job is stored (the replica's scheduler wakes to validate it).
+        self.on_created = on_created
 
     def create(self, req: JobCreate, tenant: str, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """Check the request and store the job as `validating`.
@@ -72,6 +75,8 @@ class JobService:
             tenant=tenant, request=req.model_dump(mode="json"), name=req.name,
             idempotency_key=idempotency_key,
         )
+        if created and self.on_created is not None:
+            self.on_created()
         return to_wire(record), created
 
     def get(self, job_id: str, tenant: str) -> Job:

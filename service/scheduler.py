@@ -1,7 +1,10 @@
 """The scheduler: validates new jobs, dispatches queued ones, and reconciles with Ray.
 
-`tick()` is one pass; `run_forever` repeats it on a timer in a background thread of each
-service replica. Every step is safe to run from several replicas at once: each status change is
+`tick()` is one pass; `run_forever` repeats it in a background thread of each service replica,
+every `EFT_SCHEDULER_INTERVAL_S` and at once when `wake()` says a job was created here. Asking
+Ray for the state of every running job costs a dashboard request each, so that part runs only
+every `EFT_RECONCILE_INTERVAL_S` (drivers record their own outcomes; this pass catches drivers
+that died). Every step is safe to run from several replicas at once: each status change is
 a compare-and-set in the store, so a job is claimed (and its attempt number taken) by exactly
 one replica, and a lost race is simply skipped.
 """
@@ -34,21 +37,36 @@ class Scheduler:
     def __init__(self, store: Store, launcher: Launcher, settings: Settings, validate: Validator):
         self.store, self.launcher, self.settings, self.validate = store, launcher, settings, validate
         self._stop = threading.Event()
+        self._wake = threading.Event()
 
-    def tick(self) -> None:
-        for phase in (self.validate_pending, self.dispatch_queued, self.reconcile):
+    def tick(self, reconcile: bool = True) -> None:
+        """One pass. Cancelling jobs are reconciled on every pass (a cancel should be prompt);
+        running ones only when `reconcile`."""
+        phases = (self.validate_pending, self.dispatch_queued, lambda: self.reconcile(running=reconcile))
+        for name, phase in zip(("validate_pending", "dispatch_queued", "reconcile"), phases):
             try:
                 phase()
             except Exception:  # noqa: BLE001 - one bad pass must not kill the loop
-                log.exception("scheduler phase %s failed", phase.__name__)
+                log.exception("scheduler phase %s failed", name)
 
     def run_forever(self) -> None:
+        last_reconcile = float("-inf")
         while not self._stop.is_set():
-            self.tick()
-            self._stop.wait(self.settings.scheduler_interval_s)
+            self._wake.clear()
+            now = time.monotonic()
+            due = now - last_reconcile >= self.settings.reconcile_interval_s
+            self.tick(reconcile=due)
+            if due:
+                last_reconcile = now
+            self._wake.wait(self.settings.scheduler_interval_s)
+
+    def wake(self) -> None:
+        """Run the next pass now (a job was created): a new job need not wait out the interval."""
+        self._wake.set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     # --- validating -> queued | failed -----------------------------------------------------
 
@@ -87,6 +105,8 @@ class Scheduler:
     # --- queued -> running -----------------------------------------------------------------
 
     def dispatch_queued(self) -> None:
+        if self.settings.dispatch_paused:
+            return  # validated jobs wait in the queue until dispatching resumes
         active, _ = self.store.list_jobs(statuses=ACTIVE, limit=10_000)
         per_tenant = Counter(j.tenant for j in active)
         capacity = self.settings.max_running_jobs - len(active)
@@ -139,8 +159,9 @@ class Scheduler:
 
     # --- running | cancelling -> terminal ----------------------------------------------------
 
-    def reconcile(self) -> None:
-        active, _ = self.store.list_jobs(statuses=ACTIVE, limit=10_000)
+    def reconcile(self, running: bool = True) -> None:
+        statuses = ACTIVE if running else (JobStatus.cancelling,)
+        active, _ = self.store.list_jobs(statuses=statuses, limit=10_000)
         for job in active:
             if not job.submission_id:
                 continue

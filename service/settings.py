@@ -84,7 +84,16 @@ class Settings(BaseSettings):
 
     max_running_jobs: int = Field(4, ge=1, description="Jobs dispatched at once, cluster-wide.")
     max_running_jobs_per_tenant: int = Field(2, ge=1)
-    scheduler_interval_s: float = Field(1.0, gt=0)
+    scheduler_interval_s: float = Field(
+        1.0, gt=0, description="Seconds between scheduler passes (a created job starts one at once)."
+    )
+    reconcile_interval_s: float = Field(
+        5.0, gt=0, description="How often the scheduler asks Ray whether running jobs' drivers are alive."
+    )
+    dispatch_paused: bool = Field(
+        False, description="Validate and queue new jobs but start none (maintenance windows); "
+        "running jobs go on."
+    )
     # Recovery and elasticity (passed on to every job's driver).
     resize_interval_s: float = Field(
         30.0, ge=1, description="How often a running elastic job looks for room to grow."

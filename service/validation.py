@@ -11,6 +11,7 @@ Two stages:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import re
@@ -23,7 +24,7 @@ from service.errors import Problem, RequestInvalid
 from service.files import FILE_ID, uploaded_path
 from service.settings import Settings
 from training.config import LoraSpec, TrainConfig, steps_for
-from training.formats import scan_jsonl
+from training.formats import ScanResult, scan_jsonl
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
@@ -120,7 +121,7 @@ def resolve_dataset(value: str, param: str, settings: Settings, problems: list[P
                                 f"{value!r} exceeds {settings.max_dataset_bytes} bytes"))
         return None
     try:
-        scan = scan_jsonl(path, settings.max_validation_errors)
+        scan = scan_cached(path, settings.max_validation_errors)
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(Problem(param, "file_unreadable", f"cannot read {value!r} as UTF-8 text: {exc}"))
         return None
@@ -133,6 +134,35 @@ def resolve_dataset(value: str, param: str, settings: Settings, problems: list[P
     if scan.records == 0:
         problems.append(Problem(param, "empty_file", f"{value!r} has no records"))
     return path if not scan.problems_total and scan.records else None
+
+
+def scan_cached(path: Path, max_problems: int) -> ScanResult:
+    """`scan_jsonl`, remembered while the file is unchanged (same inode, size and mtime): jobs
+    that reuse a dataset are checked once, on the request path and in the scheduler alike."""
+    st = path.stat()
+    return _scan(str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, max_problems)
+
+
+@functools.lru_cache(maxsize=64)
+def _scan(path: str, _ino: int, _size: int, _mtime_ns: int, max_problems: int) -> ScanResult:
+    return scan_jsonl(Path(path), max_problems)
+
+
+def _tokenizer_signature(model_path: str) -> tuple[tuple[str, int, int], ...]:
+    """What identifies a tokenizer's files on disk (empty for a name that is not a directory)."""
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
+    files = [Path(model_path) / n for n in names]
+    return tuple((f.name, (st := f.stat()).st_size, st.st_mtime_ns) for f in files if f.is_file())
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(model_path: str, _signature: tuple[tuple[str, int, int], ...]) -> Any:
+    """The model's tokenizer, loaded once per model directory while its files are unchanged.
+    Used by the scheduler's thread only (a fast tokenizer is not safe to share across threads
+    that change its truncation settings)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
 
 
 def check_request(req: JobCreate, settings: Settings) -> ResolvedInputs:
@@ -297,15 +327,13 @@ def validate_job(job_id: str, request: dict[str, Any], settings: Settings) -> tu
     Returns (config, stats for the `validated` event). Raises RequestInvalid if the inputs
     changed since the request was accepted, or TrainingUserError for data that cannot train.
     """
-    from transformers import AutoTokenizer
-
     from training.data import DataError
     from training.datacache import load_examples_cached
     from training.errors import TrainingUserError
 
     req = JobCreate.model_validate(request)
     inputs = check_request(req, settings)
-    tokenizer = AutoTokenizer.from_pretrained(inputs.model_path)
+    tokenizer = _tokenizer(str(inputs.model_path), _tokenizer_signature(inputs.model_path))
     max_len = req.hyperparameters.max_seq_len
     try:
         cache = str(token_cache_dir(settings))

@@ -327,7 +327,9 @@ class Recipe:
         check_every, next_check = 1, self.step + 1
         while self.step < cfg.total_steps:
             grad_norm = self.train_step(window)
-            at_log = self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps
+            # Step 1 always reports: the first loss shows at once, and the first (warm-up) step's
+            # time stays apart from the steady state's.
+            at_log = self.step % cfg.log_every_steps == 0 or self.step in (1, cfg.total_steps)
             at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and self.step < cfg.total_steps
             notice, overdue = None, False
             if self.step >= next_check and self.step < cfg.total_steps:

@@ -231,3 +231,39 @@ def test_recovery_and_elastic_options_are_checked_and_kept(client, data):
     assert job["scaling"]["resources"] == {"spot": 1.0} and job["recovery"]["max_restarts"] == 5
     assert job["checkpoint"]["every_seconds"] == 600
     assert (job["restarts"], job["preemptions"], job["resizes"], job["lost_steps"]) == (0, 0, 0, 0)
+
+
+def test_a_dataset_edited_after_a_job_is_checked_again(client, data, eft_home):
+    """Scans are remembered per file version: an edit (even to the same size) is seen."""
+    name = data("edited.jsonl", [CHAT] * 2)
+    assert client.post("/jobs", json={"model": "tiny-llama", "training_file": name}).status_code == 201
+    path = eft_home / "data" / name
+    good = path.read_text()
+    bad = good.replace('"assistant"', '"assistent"', 1)
+    assert len(bad) == len(good)
+    path.write_text(bad)
+    problems = _problems(client.post("/jobs", json={"model": "tiny-llama", "training_file": name}))
+    assert any(param.startswith("training_file:line 1") for param in problems), problems
+
+
+def test_a_created_job_calls_the_replicas_hook_once(eft_home, data):
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from service.auth import KeyStore
+    from service.jobs import JobService
+    from service.launcher import RayJobsLauncher
+    from service.settings import get_settings
+    from service.store import Store
+
+    settings, calls = get_settings(), []
+    store = Store(settings.resolved_database_url)
+    app = create_app(JobService(store, RayJobsLauncher(settings), settings, on_created=lambda: calls.append(1)))
+    _, key = KeyStore(store.engine).create("default", "user", name="tests")
+    body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT])}
+    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
+        assert c.post("/jobs", json=body, headers={"Idempotency-Key": "k"}).status_code == 201
+        assert c.post("/jobs", json=body, headers={"Idempotency-Key": "k"}).status_code == 200
+        assert c.post("/jobs", json={**body, "model": "nope"}).status_code == 422
+    store.close()
+    assert calls == [1]

@@ -180,3 +180,52 @@ def test_user_error_in_validation_fails_without_dispatch(store):
     assert (failed.status, failed.error_code, failed.error_param) == (
         JobStatus.failed, "user_error.invalid_data", "training_file")
     assert launcher.submitted == []
+
+
+def test_paused_dispatch_validates_and_queues_but_starts_nothing(store):
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    _scheduler(store, launcher, dispatch_paused=True).tick()
+    assert store.get_job(job.id).status is JobStatus.queued and launcher.submitted == []
+    _scheduler(store, launcher).tick()  # resumed
+    assert store.get_job(job.id).status is JobStatus.running and len(launcher.submitted) == 1
+
+
+def test_a_pass_without_reconcile_asks_ray_only_about_cancelling_jobs(store):
+    launcher = RecordingLauncher()
+    running, cancelling = _queued(store, n=2)
+    scheduler = _scheduler(store, launcher)
+    scheduler.tick()
+    store.transition(cancelling.id, JobStatus.cancelling, "cancel requested")
+    asked: list[str] = []
+    state = launcher.state
+    launcher.state = lambda sid: asked.append(sid) or state(sid)
+    launcher.states[store.get_job(running.id).submission_id] = RayJobState.FAILED  # its driver died
+    scheduler.tick(reconcile=False)
+    assert asked == [store.get_job(cancelling.id).submission_id]
+    assert store.get_job(cancelling.id).status is JobStatus.cancelled
+    assert store.get_job(running.id).status is JobStatus.running  # not looked at yet
+    scheduler.tick()
+    assert store.get_job(running.id).status is JobStatus.queued  # requeued to resume
+
+
+def test_a_created_job_wakes_the_scheduler_before_its_interval(store):
+    from service.jobs import JobService
+
+    launcher = RecordingLauncher()
+    scheduler = _scheduler(store, launcher, scheduler_interval_s=3600, reconcile_interval_s=3600)
+    passes = threading.Semaphore(0)
+    tick = scheduler.tick
+    scheduler.tick = lambda reconcile=True: (tick(reconcile), passes.release())
+    thread = threading.Thread(target=scheduler.run_forever, daemon=True)
+    thread.start()
+    try:
+        assert passes.acquire(timeout=30)  # the first pass runs at start
+        job, = _queued(store)
+        JobService(store, launcher, Settings(), on_created=scheduler.wake).on_created()
+        assert passes.acquire(timeout=30), "no pass after wake() with an hour-long interval"
+        assert store.get_job(job.id).status is JobStatus.running
+    finally:
+        scheduler.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
