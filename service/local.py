@@ -131,6 +131,7 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
         serve.start(http_options={"host": host, "port": port})
     deployment = EftService.options(
         num_replicas=options["num_replicas"],
+        max_ongoing_requests=options["max_ongoing_requests"],
         ray_actor_options={**options["ray_actor_options"], "runtime_env": app["runtime_env"]},
     )
     serve.run(deployment.bind(), name=app["name"], route_prefix=app["route_prefix"], blocking=False)

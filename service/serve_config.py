@@ -32,6 +32,9 @@ def application(env: dict[str, str], num_replicas: int = 1) -> dict[str, Any]:
         "deployments": [{
             "name": DEPLOYMENT,
             "num_replicas": num_replicas,
+            # Requests are short and mostly wait on the database: let a replica hold many at
+            # once instead of the proxy queueing past Serve's default of 5.
+            "max_ongoing_requests": 64,
             # The replica only serves HTTP and schedules: it must not take a CPU a worker needs.
             "ray_actor_options": {"num_cpus": 0},
         }],
