@@ -373,7 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     out = measure(args)
     if set(args.variants.split(",")) != set(VARIANTS):
-        print(json.dumps({k: v for k, v in out.items() if k != "api"}, indent=1))
+        summary = {k: v for k, v in out.items() if k != "api" and v}
+        if "api" in out:
+            api = out["api"]
+            summary["api"] = {f"{kind}_p{q}_ms": round(pct(api[f"{kind}_ms"], q), 1)
+                              for kind in ("post", "get") for q in (50, 95, 99)}
+            summary["api"]["requests_per_s"] = round((len(api["post_ms"]) + len(api["get_ms"])) / api["wall_s"], 1)
+        print(json.dumps(summary, indent=1))
         return 0
     section = render(out, args, time.perf_counter() - started)
     print(section)

@@ -53,6 +53,10 @@ def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
     )
 
 
+#: Reads and writes a cancel makes before it gives up on a job that keeps changing status.
+CANCEL_TRIES = 5
+
+
 class JobService:
     def __init__(self, store: Store, launcher: Launcher, settings: Settings,
                  on_created: Callable[[], None] | None = None):
@@ -92,20 +96,29 @@ class JobService:
         return JobList(data=data, has_more=has_more, next_cursor=data[-1].id if has_more else None)
 
     def cancel(self, job_id: str, tenant: str) -> Job:
-        """Stop a job. Raises Conflict for a job that has already ended."""
-        job = self.store.get_job(job_id, tenant)
-        if job.status.is_terminal:
-            raise Conflict(f"job {job_id} already {job.status.value}; nothing to cancel",
-                           code="job_already_finished", param="job_id")
-        if job.status is JobStatus.cancelling:
+        """Stop a job. Raises Conflict for a job that has already ended. A job the scheduler
+        moves on meanwhile (validated, dispatched) is read again and cancelled from there."""
+        for _ in range(CANCEL_TRIES):
+            job = self.store.get_job(job_id, tenant)
+            if job.status.is_terminal:
+                raise Conflict(f"job {job_id} already {job.status.value}; nothing to cancel",
+                               code="job_already_finished", param="job_id")
+            if job.status is JobStatus.cancelling:
+                return to_wire(job)
+            try:
+                if job.status is JobStatus.running:
+                    job = self.store.transition(job_id, JobStatus.cancelling, "cancel requested",
+                                                expected_status=job.status)
+                    if job.submission_id:
+                        self._stop_quietly(job.submission_id)
+                else:
+                    job = self.store.transition(job_id, JobStatus.cancelled, "cancelled before it ran",
+                                                expected_status=job.status)
+            except Conflict:
+                continue  # its status changed between the read and the write
             return to_wire(job)
-        if job.status is JobStatus.running:
-            job = self.store.transition(job_id, JobStatus.cancelling, "cancel requested")
-            if job.submission_id:
-                self._stop_quietly(job.submission_id)
-        else:
-            job = self.store.transition(job_id, JobStatus.cancelled, "cancelled before it ran")
-        return to_wire(job)
+        raise Conflict(f"job {job_id} kept changing status; try the cancel again", code="job_busy",
+                       param="job_id")
 
     def _stop_quietly(self, submission_id: str) -> None:
         # The scheduler retries the stop on every pass; this call only makes it prompt.

@@ -279,6 +279,7 @@ class Store:
         message: str | None = None,
         *,
         expected_attempt: int | None = None,
+        expected_status: JobStatus | None = None,
         event_type: str | None = None,
         data: dict[str, Any] | None = None,
         **values: Any,
@@ -286,7 +287,8 @@ class Store:
         """Move a job to `target`, updating `values` and appending the event, atomically.
 
         `expected_attempt`, when given, must match the job's attempt (a driver's fencing
-        token); `values` may set a new `attempt` (a dispatch claims the next one).
+        token), and `expected_status` the status the caller decided on; `values` may set a new
+        `attempt` (a dispatch claims the next one).
         Returns the updated job. Raises JobNotFound, lifecycle.IllegalTransition, or
         Conflict when the attempt does not match or the job changed underneath.
         """
@@ -297,6 +299,9 @@ class Store:
                 "this writer is stale",
                 code="stale_attempt",
             )
+        if expected_status is not None and job.status is not expected_status:
+            raise Conflict(f"job {job_id} is {job.status.value} now, not {expected_status.value}; retry",
+                           code="concurrent_update")
         change = lifecycle.plan_transition(
             job.status, target, message, event_type=event_type, data=data
         )

@@ -229,3 +229,28 @@ def test_a_created_job_wakes_the_scheduler_before_its_interval(store):
         scheduler.stop()
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_a_cancel_that_races_the_scheduler_cancels_the_job_it_finds(store):
+    """The scheduler validates the job between the cancel's read and its compare-and-set: the
+    cancel reads the job again and cancels it from `queued` (it answered 409 before)."""
+    from service.jobs import JobService
+
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    scheduler = _scheduler(store, launcher, dispatch_paused=True)
+    get_job, reads = store.get_job, []
+
+    def read_then_race(*args, **kwargs):
+        record = get_job(*args, **kwargs)
+        reads.append(record.status)
+        if len(reads) == 2:  # the transition's own read: the scheduler moves the job after it
+            scheduler.validate_pending()
+        return record
+
+    store.get_job = read_then_race
+    cancelled = JobService(store, launcher, Settings()).cancel(job.id, "t")
+    assert reads[:2] == [JobStatus.validating, JobStatus.validating]
+    assert cancelled.status == JobStatus.cancelled
+    types = [e.type for e in store.list_events(job.id)[0]]
+    assert types == ["created", "queued", "cancelled"], types
