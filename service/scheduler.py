@@ -201,9 +201,10 @@ class Scheduler:
                               error_message=f"{message}\n{tail}".strip(), data={"ray_state": ray_state})
 
     def _safe_transition(self, job: JobRecord, target: JobStatus, message: str, **kw: Any) -> JobRecord | None:
-        """Apply a transition; returns None when another writer got there first."""
+        """Apply a transition from the status this pass saw `job` in; returns None when another
+        writer (another replica's scheduler, a cancel) moved the job first."""
         try:
-            return self.store.transition(job.id, target, message, **kw)
+            return self.store.transition(job.id, target, message, expected_status=job.status, **kw)
         except (Conflict, IllegalTransition) as exc:
             log.info("skipped %s -> %s for %s: %s", job.status.value, target.value, job.id, exc)
             return None

@@ -254,3 +254,24 @@ def test_a_cancel_that_races_the_scheduler_cancels_the_job_it_finds(store):
     assert cancelled.status == JobStatus.cancelled
     types = [e.type for e in store.list_events(job.id)[0]]
     assert types == ["created", "queued", "cancelled"], types
+
+
+def test_a_slow_validation_never_requeues_a_job_another_replica_dispatched(store):
+    """Replica B validates a job while replica A validates and dispatches it (B's first job
+    imports for seconds): B's late `queued` must not move the running job back to the queue,
+    which would dispatch it a second time."""
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    first = _scheduler(store, launcher)
+
+    def validate_slowly(job_id, request, settings):
+        first.tick()  # A: validating -> queued -> running, attempt 1, submitted
+        return validate_ok(job_id, request, settings)
+
+    second = Scheduler(store, launcher, Settings(), validate_slowly)
+    second.tick()
+    after = store.get_job(job.id)
+    assert after.status is JobStatus.running and after.attempt == 1
+    assert launcher.submitted == [f"{job.id}-attempt-1"]
+    types = [e.type for e in store.list_events(job.id)[0]]
+    assert types == ["created", "queued", "dispatched", "submitted"], types
