@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -33,11 +35,20 @@ def database_url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'jobs.db'}"
         return
-    schema = f"eft_test_{uuid.uuid4().hex[:12]}"
+    with postgres_schema_url("eft_test") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def postgres_schema_url(prefix: str) -> Iterator[str]:
+    """A URL of a fresh schema on the local PostgreSQL, dropped with everything in it after."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(POSTGRES_URL)
     with admin.begin() as conn:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
+    try:
+        yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()

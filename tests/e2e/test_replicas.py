@@ -6,12 +6,9 @@ from the same `jobs` table; every job gets one `submitted` event, attempt 1, and
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-import sqlalchemy as sa
 
-from tests.conftest import POSTGRES_URL
+from tests.conftest import postgres_schema_url
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_recovery import _body, _events, _post
 
@@ -21,14 +18,8 @@ JOBS = 4
 
 @pytest.fixture
 def postgres_schema():
-    schema = f"eft_e2e_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(POSTGRES_URL)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
+    with postgres_schema_url("eft_e2e") as url:
+        yield url
 
 
 @pytest.fixture
