@@ -145,10 +145,11 @@ def run(steps: int) -> str:
     import ray
     from ray import serve
 
-    from service.local import deploy_app, wait_healthy
+    from service.local import deploy_app, ray_node_env, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="eft-bench-recovery-"))
     dash_port, port = _free_port(), _free_port()
+    os.environ.update(ray_node_env(os.environ))  # as `eft up` starts a node
     ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)
     dashboard = f"http://127.0.0.1:{dash_port}"

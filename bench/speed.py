@@ -78,6 +78,29 @@ def machine() -> str:
             f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} at the start (shared machine)")
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_quiet(busy_below: float = 0.15, window_s: float = 1.0, timeout_s: float = 90.0) -> float:
+    """Wait until the machine's cores are at most `busy_below` busy over two windows in a row:
+    the processes of the previous run (a job's driver and actors exiting, the plain script's
+    interpreter) finish before the next timed run starts, whichever side goes first. Returns
+    the seconds waited (the timeout ends the wait; the run then goes on regardless)."""
+    started = time.monotonic()
+    quiet = 0
+    busy0, total0 = _cpu_times()
+    while quiet < 2 and time.monotonic() - started < timeout_s:
+        time.sleep(window_s)
+        busy1, total1 = _cpu_times()
+        quiet = quiet + 1 if (busy1 - busy0) / max(1, total1 - total0) < busy_below else 0
+        busy0, total0 = busy1, total1
+    return time.monotonic() - started
+
+
 def build_model(home: Path) -> str:
     """A Llama from config with the bundled tokenizer, saved under the service's model root."""
     import torch
@@ -255,12 +278,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
-    from service.local import deploy_app, wait_healthy
+    from service.local import deploy_app, ray_node_env, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="eft-bench-speed-"))
     model, data = build_model(home), build_data(home)
     port = _free_port()
     dash_port = _free_port()
+    # The local cluster's nodes start as `eft up` starts them (training workers at niceness 0).
+    os.environ.update(ray_node_env(os.environ))
+    if args.worker_niceness is not None:
+        os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
     ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)
     out: dict[str, Any] = {k: [] for k in ("p1", "p2", "p1_nopack", "hf1", "hf2", "plain", "starts")}
@@ -275,25 +302,45 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         service = Service(url, home, api_key)
         model_dir, data_path = home / "models" / model, home / "data" / data
         # Interleaved rounds: background load on the shared cores falls on every variant alike.
+        plain_config: dict[str, Any] | None = None
         for round_ in range(args.repeats):
             if "p1" in wanted:
+                # The plain script next to the job it copies, first after it in odd rounds and
+                # before it (with the first round's config) in even ones: neither side always
+                # follows the other.
+                if round_ % 2 == 1 and plain_config is not None:
+                    wait_quiet()
+                    out["plain"].append(run_plain(plain_config))
+                wait_quiet()
                 p1 = service.run_job(job_body(model, data, 1, args.steps, log_every=args.log_every))
                 out["p1"].append(p1["tps"])
                 out["starts"].append(start_latency(p1))
-                # The plain script right after the job it copies: the two see the most similar load.
-                out["plain"].append(run_plain(service.config_of(p1["job"]["id"])))
+                if round_ % 2 == 0 or plain_config is None:
+                    plain_config = service.config_of(p1["job"]["id"])
+                    wait_quiet()
+                    out["plain"].append(run_plain(plain_config))
             if "hf1" in wanted:
+                wait_quiet()
                 out["hf1"].append(run_hf(model_dir, data_path, 1, args.steps))
             if "p2" in wanted:
+                wait_quiet()
                 p2 = service.run_job(job_body(model, data, 2, args.steps, log_every=args.log_every))
                 out["p2"].append(p2["tps"])
             if "hf2" in wanted:
+                wait_quiet()
                 out["hf2"].append(run_hf(model_dir, data_path, 2, args.steps))
             if "p1_nopack" in wanted:
                 nopack = job_body(model, data, 1, args.steps, packing=False, log_every=args.log_every)
+                wait_quiet()
                 out["p1_nopack"].append(service.run_job(nopack)["tps"])
             print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in out.items()
                                                       if k != "starts" and v), flush=True)
+        wait_quiet()
+        busy0, total0 = _cpu_times()
+        time.sleep(10)  # a 10 s sample of the idle cluster's CPU, not a synchronisation
+        busy1, total1 = _cpu_times()
+        out["idle_busy"] = (busy1 - busy0) / max(1, total1 - total0)
+        out["niceness"] = int(os.environ["RAY_worker_niceness"])
         if "api" in wanted:
             deploy_app({**env, "EFT_DISPATCH_PAUSED": "true", "EFT_MAX_ACTIVE_JOBS_PER_TENANT": "100000"})
             wait_healthy(url)
@@ -305,7 +352,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
-    med = {k: statistics.median(v) for k, v in out.items() if k not in ("starts", "api")}
+    med = {k: statistics.median(v) for k, v in out.items() if k not in ("starts", "api", "idle_busy", "niceness")}
     runs = lambda k: " / ".join(f"{v:.0f}" for v in out[k])  # noqa: E731
     starts = {k: statistics.median(s[k] for s in out["starts"]) for k in out["starts"][0]}
     api = out["api"]
@@ -338,6 +385,15 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
         f"| the same training config as a plain script (`bench/baselines/plain_loop.py`) | "
         f"{med['plain']:.0f} ({runs('plain')}) | |",
         f"| **service / plain** | | **{med['p1'] / med['plain']:.3f}** |", "",
+        f"Both ran on the same machine with the local Ray cluster and the service up: the plain script "
+        f"alone in its process at niceness 0, the job's Ray Train worker at niceness {out['niceness']} "
+        f"(`RAY_worker_niceness`, which `eft up` and the deploy files set to 0; Ray's own default is 15, "
+        f"below its daemons). Each run started once the cores had gone quiet after the one before, the "
+        f"plain script after its job in odd rounds and before the next one in even rounds. With no job "
+        f"running, the cluster and the service (GCS, raylet, dashboard and its agent, log monitor, Serve "
+        f"controller, proxy and replica) kept {out['idle_busy'] * 100:.1f}% of the two cores busy: a fixed "
+        f"cost on this machine that the plain script paid too, so the ratio is what a job adds on top "
+        f"of it (its driver, Ray Job supervisor, Train controller and helper actors, progress reports).", "",
         "### Start latency (1-worker job, median)", "",
         "| from `POST /jobs` to | seconds |", "|---|---:|",
         *(f"| {label} | {starts[key]:.1f} |" for key, label in (
@@ -362,8 +418,10 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--worker-niceness", type=int, default=None,
+                        help="RAY_worker_niceness for the local cluster (the service's: 0, Ray's own default: 15)")
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--log-every", type=int, default=1,
                         help="the product jobs' log_every_steps (1: a metrics row per step)")

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,16 @@ def _recorded_cluster_answers() -> bool:
         return False
 
 
+def ray_node_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a Ray node of this service starts with. Ray starts its worker processes
+    at niceness 15 (`RAY_worker_niceness`), below its own daemons and below a script the user
+    runs by hand: on a node whose cores the training threads fill, every wake-up of a daemon
+    then preempts a training thread at once, and the other threads wait for it at the next
+    OpenMP barrier. Training is what the node is for, so its workers run at the priority a
+    plain script gets (0); an explicit `RAY_worker_niceness` is kept."""
+    return {"RAY_worker_niceness": "0", **environ}
+
+
 def start_ray_head(num_cpus: int | None) -> None:
     """Start a local Ray head with its dashboard (the Ray Jobs API needs it)."""
     cmd = [_ray_cli(), "start", "--head", f"--port={RAY_GCS_PORT}", "--dashboard-host=127.0.0.1",
@@ -79,7 +90,7 @@ def start_ray_head(num_cpus: int | None) -> None:
     if num_cpus:
         # More logical CPUs than cores lets several small workers share one machine.
         cmd.append(f"--num-cpus={num_cpus}")
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ray_node_env(os.environ))
     if result.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
 

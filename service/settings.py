@@ -51,8 +51,8 @@ class Settings(BaseSettings):
         None, description="Where adapters land: a directory or object-store URI; <home>/artifacts."
     )
     files_root: str | None = Field(
-        None, description="Where uploaded files are kept: a directory or object-store URI; "
-        "<home>/files."
+        None, description="Where uploaded files are kept: a local or shared-filesystem directory "
+        "that every node mounts at the same path (not an object store); <home>/files."
     )
 
     db_pool_size: int = Field(5, ge=1, description="Pooled connections per process (PostgreSQL).")

@@ -6,7 +6,7 @@ Run from the repository root with a job's training config (the `config` the serv
     .venv/bin/python bench/baselines/plain_loop.py --config cfg.json --out metrics.json
 
 Metrics that the loop sends to the job store in the service are collected here in a list and
-written to `--out`, so `bench/throughput.py` computes tokens/s the same way for both.
+written to `--out`, so `bench/speed.py` computes tokens/s the same way for both.
 """
 
 from __future__ import annotations

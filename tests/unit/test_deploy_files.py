@@ -151,3 +151,31 @@ def test_image_and_ci_install_with_the_same_script():
     assert torch_make == torch_image
     for path in CLUSTERS:
         assert f"{INSTALL} ~/eft/.venv {torch_make}" in path.read_text(), path
+
+
+def _deploy_settings() -> list[dict[str, str]]:
+    """Every node environment the deploy files give: the KubeRay ConfigMap and the cluster
+    launcher's env file."""
+    docs = yaml.safe_load_all((DEPLOY / "kuberay" / "base" / "settings.yaml").read_text())
+    kuberay = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "eft-settings")
+    launcher = dict(line.split("=", 1) for line in (DEPLOY / "cluster" / "eft.env.example").read_text().splitlines()
+                    if line and not line.startswith("#"))
+    return [kuberay["data"], launcher]
+
+
+def test_deployed_nodes_run_training_workers_at_a_plain_scripts_priority():
+    from service.local import ray_node_env
+
+    for env in _deploy_settings():
+        assert env["RAY_worker_niceness"] == ray_node_env({})["RAY_worker_niceness"] == "0"
+    assert ray_node_env({"RAY_worker_niceness": "5"})["RAY_worker_niceness"] == "5"
+
+
+def test_deployed_uploads_live_on_a_filesystem_the_service_accepts():
+    from service.files import files_root
+    from service.settings import Settings
+
+    for env in _deploy_settings():
+        assert files_root(Settings(files_root=env["EFT_FILES_ROOT"])) == Path(env["EFT_FILES_ROOT"])
+    with pytest.raises(RuntimeError, match="EFT_FILES_ROOT"):
+        files_root(Settings(files_root="s3://bucket/files"))
