@@ -236,7 +236,7 @@ def run_plain(config: dict[str, Any]) -> tuple[float, float]:
     subprocess.run([PY, "bench/baselines/plain_loop.py", "--config", str(directory / "cfg.json"),
                     "--out", str(directory / "m.json")], check=True, cwd=ROOT, capture_output=True)
     rows = json.loads((directory / "m.json").read_text())
-    return useful_tokens_per_s(rows), useful_tokens_per_s(rows, after_step=config["train"]["total_steps"] // 2)
+    return useful_tokens_per_s(rows), useful_tokens_per_s(rows, after_step=config["total_steps"] // 2)
 
 
 async def _api_load(url: str, api_key: str, body: dict[str, Any], clients: int, posts: int,
