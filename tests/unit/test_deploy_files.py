@@ -179,3 +179,18 @@ def test_deployed_uploads_live_on_a_filesystem_the_service_accepts():
         assert files_root(Settings(files_root=env["EFT_FILES_ROOT"])) == Path(env["EFT_FILES_ROOT"])
     with pytest.raises(RuntimeError, match="EFT_FILES_ROOT"):
         files_root(Settings(files_root="s3://bucket/files"))
+
+
+def test_every_kuberay_pod_mounts_the_shared_uploads_volume():
+    docs = list(yaml.safe_load_all((DEPLOY / "kuberay" / "base" / "settings.yaml").read_text()))
+    (claim,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    files_root = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["EFT_FILES_ROOT"]
+    cluster = _rayservice()["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+    assert len(pods) == 4
+    for pod in pods:
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = [m for c in pod["containers"] for m in c.get("volumeMounts", []) if m["mountPath"] == files_root]
+        assert len(mounts) == 1
+        assert volumes[mounts[0]["name"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
