@@ -81,11 +81,16 @@ def machine() -> str:
             f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} at the start (shared machine)")
 
 
-def _cpu_times() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores, from /proc/stat."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
+def busy_fraction(window_s: float) -> float:
+    """How busy the machine's cores were over the next `window_s` seconds (0..1, /proc/stat)."""
+    def busy_total() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields) - fields[3] - fields[4], sum(fields)  # less idle and iowait
+
+    busy0, total0 = busy_total()
+    time.sleep(window_s)
+    busy1, total1 = busy_total()
+    return (busy1 - busy0) / max(1, total1 - total0)
 
 
 def wait_quiet(busy_below: float = 0.15, window_s: float = 1.0, timeout_s: float = 90.0) -> float:
@@ -95,12 +100,8 @@ def wait_quiet(busy_below: float = 0.15, window_s: float = 1.0, timeout_s: float
     the seconds waited (the timeout ends the wait; the run then goes on regardless)."""
     started = time.monotonic()
     quiet = 0
-    busy0, total0 = _cpu_times()
     while quiet < 2 and time.monotonic() - started < timeout_s:
-        time.sleep(window_s)
-        busy1, total1 = _cpu_times()
-        quiet = quiet + 1 if (busy1 - busy0) / max(1, total1 - total0) < busy_below else 0
-        busy0, total0 = busy1, total1
+        quiet = quiet + 1 if busy_fraction(window_s) < busy_below else 0
     return time.monotonic() - started
 
 
@@ -312,17 +313,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         model_dir, data_path = home / "models" / model, home / "data" / data
         # Interleaved rounds: background load on the shared cores falls on every variant alike.
         plain_config: dict[str, Any] | None = None
+
+        def plain_run(config: dict[str, Any]) -> None:
+            wait_quiet()
+            whole, steady = run_plain(config)
+            out["plain"].append(whole)
+            out["plain_steady"].append(steady)
+
         for round_ in range(args.repeats):
             if "p1" in wanted:
                 # The plain script next to the job it copies, first after it in odd rounds and
                 # before it (with the first round's config) in even ones: neither side always
                 # follows the other.
-                def plain_run(config: dict[str, Any]) -> None:
-                    wait_quiet()
-                    whole, steady = run_plain(config)
-                    out["plain"].append(whole)
-                    out["plain_steady"].append(steady)
-
                 if round_ % 2 == 1 and plain_config is not None:
                     plain_run(plain_config)
                 wait_quiet()
@@ -350,10 +352,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in out.items()
                                                       if k != "starts" and v), flush=True)
         wait_quiet()
-        busy0, total0 = _cpu_times()
-        time.sleep(10)  # a 10 s sample of the idle cluster's CPU, not a synchronisation
-        busy1, total1 = _cpu_times()
-        out["idle_busy"] = (busy1 - busy0) / max(1, total1 - total0)
+        out["idle_busy"] = busy_fraction(10.0)  # the idle cluster's own CPU over 10 s
         out["niceness"] = int(os.environ["RAY_worker_niceness"])
         if "api" in wanted:
             deploy_app({**env, "EFT_DISPATCH_PAUSED": "true", "EFT_MAX_ACTIVE_JOBS_PER_TENANT": "100000"})
