@@ -171,14 +171,27 @@ def useful_tokens_per_s(rows: list[dict[str, Any]], after_step: int = 1) -> floa
     return tokens / seconds
 
 
+def step_times(rows: list[dict[str, Any]], after_step: int = 1) -> dict[int, float]:
+    """Mean step time of each metrics row after `after_step`, keyed by the row's step."""
+    return {r["step"]: r["values"]["step_time_s"] for r in rows
+            if r["step"] > after_step and "step_time_s" in r["values"]}
+
+
+def paired_step_ratios(job: dict[int, float], plain: dict[int, float]) -> list[float]:
+    """plain / job step time for every step both measured. Both ran the same config and seed, so
+    step k trained the same batch on both sides: each ratio is a tokens/s ratio on equal work,
+    and a burst of outside load spoils a few steps instead of a whole run."""
+    return [plain[k] / job[k] for k in sorted(job.keys() & plain.keys())]
+
+
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value).timestamp()
 
 
 class Service:
-    def __init__(self, url: str, home: Path, api_key: str):
+    def __init__(self, url: str, home: Path, api_key: str, poll_s: float = 5.0):
         self.http = httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {api_key}"})
-        self.home = home
+        self.home, self.poll_s = home, poll_s
 
     def get(self, path: str) -> Any:
         return self.http.get(path).raise_for_status().json()
@@ -189,15 +202,17 @@ class Service:
         while job["status"] not in ("succeeded", "failed", "cancelled"):
             if time.monotonic() > deadline:
                 raise TimeoutError(job["id"])
-            # Once a second, as `eft jobs wait` does: every poll is a request the service
-            # serves on the cores the job trains on. Latencies come from the job's timestamps.
-            time.sleep(1.0)
+            # Every poll is a request the service serves on the cores the job trains on (the
+            # observer's cost, not the job's): `--poll-s` apart. Latencies come from the job's
+            # timestamps, not from when a poll saw them.
+            time.sleep(self.poll_s)
             job = self.get(f"/jobs/{job['id']}")
         if job["status"] != "succeeded":
             raise RuntimeError(f"{job['id']} {job['status']}: {job.get('error')}")
         metrics = self.get(f"/jobs/{job['id']}/metrics")["data"]
         events = self.get(f"/jobs/{job['id']}/events?limit=100")["data"]
         return {"job": job, "metrics": metrics, "events": events, "tps": useful_tokens_per_s(metrics),
+                "step_times": step_times(metrics),
                 "steady": useful_tokens_per_s(metrics, after_step=body["hyperparameters"]["max_steps"] // 2)}
 
     def config_of(self, job_id: str) -> dict[str, Any]:
@@ -230,14 +245,16 @@ def run_hf(model_dir: Path, data: Path, workers: int, steps: int) -> float:
     return sum(r["tokens"] for r in ranks) / max(r["seconds"] for r in ranks)
 
 
-def run_plain(config: dict[str, Any]) -> tuple[float, float]:
-    """Useful tokens/s of the plain script over steps 2..N and over the second half."""
+def run_plain(config: dict[str, Any]) -> tuple[float, float, dict[int, float]]:
+    """Useful tokens/s of the plain script over steps 2..N and over the second half, and its
+    step times."""
     directory = Path(tempfile.mkdtemp(prefix="eft-plain-"))
     (directory / "cfg.json").write_text(json.dumps(config))
     subprocess.run([PY, "bench/baselines/plain_loop.py", "--config", str(directory / "cfg.json"),
                     "--out", str(directory / "m.json")], check=True, cwd=ROOT, capture_output=True)
     rows = json.loads((directory / "m.json").read_text())
-    return useful_tokens_per_s(rows), useful_tokens_per_s(rows, after_step=config["total_steps"] // 2)
+    return (useful_tokens_per_s(rows), useful_tokens_per_s(rows, after_step=config["total_steps"] // 2),
+            step_times(rows))
 
 
 async def _api_load(url: str, api_key: str, body: dict[str, Any], clients: int, posts: int,
@@ -300,7 +317,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)
     out: dict[str, Any] = {k: [] for k in ("p1", "p2", "p1_nopack", "hf1", "hf2", "plain", "p1_steady",
-                                           "plain_steady", "starts")}
+                                           "plain_steady", "starts", "p1_steps", "plain_steps")}
     wanted = set(args.variants.split(","))
     api_key = "eft-bench-" + secrets.token_urlsafe(16)
     env = {"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": f"http://127.0.0.1:{dash_port}",
@@ -309,16 +326,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         deploy_app(env, port)
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
-        service = Service(url, home, api_key)
+        service = Service(url, home, api_key, poll_s=args.poll_s)
         model_dir, data_path = home / "models" / model, home / "data" / data
         # Interleaved rounds: background load on the shared cores falls on every variant alike.
         plain_config: dict[str, Any] | None = None
 
         def plain_run(config: dict[str, Any]) -> None:
             wait_quiet()
-            whole, steady = run_plain(config)
+            whole, steady, steps = run_plain(config)
             out["plain"].append(whole)
             out["plain_steady"].append(steady)
+            out["plain_steps"].append(steps)
 
         for round_ in range(args.repeats):
             if "p1" in wanted:
@@ -331,6 +349,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 p1 = service.run_job(job_body(model, data, 1, args.steps, log_every=args.log_every))
                 out["p1"].append(p1["tps"])
                 out["p1_steady"].append(p1["steady"])
+                out["p1_steps"].append(p1["step_times"])
                 out["starts"].append(start_latency(p1))
                 if round_ % 2 == 0 or plain_config is None:
                     plain_config = service.config_of(p1["job"]["id"])
@@ -350,7 +369,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 wait_quiet()
                 out["p1_nopack"].append(service.run_job(nopack)["tps"])
             print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in out.items()
-                                                      if k != "starts" and v), flush=True)
+                                                      if k not in ("starts", "p1_steps", "plain_steps") and v),
+                  flush=True)
         wait_quiet()
         out["idle_busy"] = busy_fraction(10.0)  # the idle cluster's own CPU over 10 s
         out["niceness"] = int(os.environ["RAY_worker_niceness"])
@@ -365,7 +385,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
-    med = {k: statistics.median(v) for k, v in out.items() if k not in ("starts", "api", "idle_busy", "niceness")}
+    med = {k: statistics.median(v) for k, v in out.items()
+           if k not in ("starts", "api", "idle_busy", "niceness", "p1_steps", "plain_steps")}
+    pairs = [paired_step_ratios(job, plain) for job, plain in zip(out["p1_steps"], out["plain_steps"])]
+    paired = statistics.median(r for run in pairs for r in run)
+    paired_runs = " / ".join(f"{statistics.median(run):.3f}" for run in pairs)
     runs = lambda k: " / ".join(f"{v:.0f}" for v in out[k])  # noqa: E731
     starts = {k: statistics.median(s[k] for s in out["starts"]) for k in out["starts"][0]}
     api = out["api"]
@@ -400,7 +424,12 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
         f"| the same training config as a plain script (`bench/baselines/plain_loop.py`) | "
         f"{med['plain']:.0f} ({runs('plain')}) | {med['plain_steady']:.0f} ({runs('plain_steady')}) |",
         f"| **service / plain** | {med['p1'] / med['plain']:.3f} | **{med['p1_steady'] / med['plain_steady']:.3f}** |",
+        f"| service / plain, step by step: median of plain / job step time over the {sum(map(len, pairs))} "
+        f"steps both timed, each job paired with the plain run beside it | **{paired:.3f}** ({paired_runs}) | |",
         "",
+        "Step by step, each ratio compares the same batch trained on both sides (the plain script runs "
+        "the job's stored config, seed included), so a burst of outside load spoils a few steps of one "
+        "side rather than a whole run's average.", "",
         f"The steady-state column leaves out the first half of each run on both sides, to tell the start "
         f"of a job (Ray Train's controller and helper actors start, each a process importing its modules, "
         f"beside the first steps) from its steady rate: "
@@ -412,7 +441,9 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
         f"alone in its process at niceness 0, the job's Ray Train worker at niceness {out['niceness']} "
         f"(`RAY_worker_niceness`, which `eft up` and the deploy files set to 0; Ray's own default is 15, "
         f"below its daemons). Each run started once the cores had gone quiet after the one before, the "
-        f"plain script after its job in odd rounds and before the next one in even rounds. With no job "
+        f"plain script after its job in odd rounds and before the next one in even rounds. While a job ran "
+        f"the bench read its status every {args.poll_s:g} s (each read is work for the service on the same "
+        f"cores). With no job "
         f"running, the cluster and the service (GCS, raylet, dashboard and its agent, log monitor, Serve "
         f"controller, proxy and replica) kept {out['idle_busy'] * 100:.1f}% of the two cores busy: a fixed "
         f"cost on this machine that the plain script paid too, so the ratio is what a job adds on top "
@@ -441,10 +472,13 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="rounds; even, so the plain script runs first in half of them")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--worker-niceness", type=int, default=None,
                         help="RAY_worker_niceness for the local cluster (the service's: 0, Ray's own default: 15)")
+    parser.add_argument("--poll-s", type=float, default=5.0,
+                        help="seconds between the bench's GET /jobs/{id} polls while a job runs")
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--log-every", type=int, default=1,
                         help="the product jobs' log_every_steps (1: a metrics row per step)")
@@ -454,7 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     out = measure(args)
     if set(args.variants.split(",")) != set(VARIANTS):
-        summary = {k: v for k, v in out.items() if k != "api" and v}
+        summary = {k: v for k, v in out.items() if k not in ("api", "p1_steps", "plain_steps") and v}
+        if out["p1_steps"] and out["plain_steps"]:
+            summary["paired_step_ratio"] = [round(statistics.median(paired_step_ratios(j, p)), 3)
+                                            for j, p in zip(out["p1_steps"], out["plain_steps"])]
         if "api" in out:
             api = out["api"]
             summary["api"] = {f"{kind}_p{q}_ms": round(pct(api[f"{kind}_ms"], q), 1)
