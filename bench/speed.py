@@ -57,6 +57,8 @@ SECTION = "## Speed: useful tokens/s, service overhead, start latency, API"
 PY = sys.executable
 GLOBAL_BATCH, MICRO_BATCH, MAX_SEQ_LEN = 16, 4, 512
 VARIANTS = ("p1", "hf1", "p2", "hf2", "p1_nopack", "api")
+# What `measure` collects besides the tokens/s series (lists of one rate per run).
+NOT_RATES = ("starts", "api", "idle_busy", "niceness", "p1_steps", "plain_steps")
 
 
 def _free_port() -> int:
@@ -369,8 +371,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 wait_quiet()
                 out["p1_nopack"].append(service.run_job(nopack)["tps"])
             print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in out.items()
-                                                      if k not in ("starts", "p1_steps", "plain_steps") and v),
-                  flush=True)
+                                                      if k not in NOT_RATES and v), flush=True)
         wait_quiet()
         out["idle_busy"] = busy_fraction(10.0)  # the idle cluster's own CPU over 10 s
         out["niceness"] = int(os.environ["RAY_worker_niceness"])
@@ -385,8 +386,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
-    med = {k: statistics.median(v) for k, v in out.items()
-           if k not in ("starts", "api", "idle_busy", "niceness", "p1_steps", "plain_steps")}
+    med = {k: statistics.median(v) for k, v in out.items() if k not in NOT_RATES}
     pairs = [paired_step_ratios(job, plain) for job, plain in zip(out["p1_steps"], out["plain_steps"])]
     paired = statistics.median(r for run in pairs for r in run)
     paired_runs = " / ".join(f"{statistics.median(run):.3f}" for run in pairs)
