@@ -173,10 +173,9 @@ def useful_tokens_per_s(rows: list[dict[str, Any]], after_step: int = 1) -> floa
     return tokens / seconds
 
 
-def step_times(rows: list[dict[str, Any]], after_step: int = 1) -> dict[int, float]:
-    """Mean step time of each metrics row after `after_step`, keyed by the row's step."""
-    return {r["step"]: r["values"]["step_time_s"] for r in rows
-            if r["step"] > after_step and "step_time_s" in r["values"]}
+def step_times(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Mean step time of each metrics row after step 1 (warm-up), keyed by the row's step."""
+    return {r["step"]: r["values"]["step_time_s"] for r in rows if r["step"] > 1 and "step_time_s" in r["values"]}
 
 
 def paired_step_ratios(job: dict[int, float], plain: dict[int, float]) -> list[float]:
@@ -186,12 +185,17 @@ def paired_step_ratios(job: dict[int, float], plain: dict[int, float]) -> list[f
     return [plain[k] / job[k] for k in sorted(job.keys() & plain.keys())]
 
 
+def paired_runs(out: dict[str, Any]) -> list[list[float]]:
+    """The step ratios of each 1-worker job against the plain run of its round."""
+    return [paired_step_ratios(job, plain) for job, plain in zip(out["p1_steps"], out["plain_steps"])]
+
+
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value).timestamp()
 
 
 class Service:
-    def __init__(self, url: str, home: Path, api_key: str, poll_s: float = 5.0):
+    def __init__(self, url: str, home: Path, api_key: str, poll_s: float):
         self.http = httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {api_key}"})
         self.home, self.poll_s = home, poll_s
 
@@ -387,9 +391,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
     med = {k: statistics.median(v) for k, v in out.items() if k not in NOT_RATES}
-    pairs = [paired_step_ratios(job, plain) for job, plain in zip(out["p1_steps"], out["plain_steps"])]
+    pairs = paired_runs(out)
     paired = statistics.median(r for run in pairs for r in run)
-    paired_runs = " / ".join(f"{statistics.median(run):.3f}" for run in pairs)
+    per_run = " / ".join(f"{statistics.median(run):.3f}" for run in pairs)
     runs = lambda k: " / ".join(f"{v:.0f}" for v in out[k])  # noqa: E731
     starts = {k: statistics.median(s[k] for s in out["starts"]) for k in out["starts"][0]}
     api = out["api"]
@@ -425,7 +429,7 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
         f"{med['plain']:.0f} ({runs('plain')}) | {med['plain_steady']:.0f} ({runs('plain_steady')}) |",
         f"| **service / plain** | {med['p1'] / med['plain']:.3f} | **{med['p1_steady'] / med['plain_steady']:.3f}** |",
         f"| service / plain, step by step: median of plain / job step time over the {sum(map(len, pairs))} "
-        f"steps both timed, each job paired with the plain run beside it | **{paired:.3f}** ({paired_runs}) | |",
+        f"steps both timed, each job paired with the plain run beside it | **{paired:.3f}** ({per_run}) | |",
         "",
         "Step by step, each ratio compares the same batch trained on both sides (the plain script runs "
         "the job's stored config, seed included), so a burst of outside load spoils a few steps of one "
@@ -490,8 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(args.variants.split(",")) != set(VARIANTS):
         summary = {k: v for k, v in out.items() if k not in ("api", "p1_steps", "plain_steps") and v}
         if out["p1_steps"] and out["plain_steps"]:
-            summary["paired_step_ratio"] = [round(statistics.median(paired_step_ratios(j, p)), 3)
-                                            for j, p in zip(out["p1_steps"], out["plain_steps"])]
+            summary["paired_step_ratio"] = [round(statistics.median(run), 3) for run in paired_runs(out)]
         if "api" in out:
             api = out["api"]
             summary["api"] = {f"{kind}_p{q}_ms": round(pct(api[f"{kind}_ms"], q), 1)
