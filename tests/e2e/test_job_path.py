@@ -119,8 +119,10 @@ def test_minimal_request_as_in_the_readme(service):
 
 
 def test_cancel_stops_the_ray_job_and_its_workers(service):
+    """Cancelling kills the attempt's Ray Job: its workers and controller end, and its
+    placement group goes with the job (no detached cleaner is needed for that)."""
     from ray.job_submission import JobSubmissionClient
-    from ray.util.state import list_actors
+    from ray.util.state import list_actors, list_placement_groups
 
     url = service["url"]
     # Under DeepSpeed ZeRO-2, so the service path runs a sharded strategy too.
@@ -146,6 +148,20 @@ def test_cancel_stops_the_ray_job_and_its_workers(service):
         if not alive:
             break
         assert time.monotonic() < deadline, f"train actors still alive: {alive}"
+        time.sleep(1)
+    ray_job_id = ray_jobs.get_job_info(done["ray_submission_id"]).job_id
+    started_by_job = {a.class_name for a in list_actors(
+        address=service["dashboard_url"], filters=[("job_id", "=", ray_job_id)], limit=1000)}
+    assert {"TrainController", "RayTrainWorker", "ProgressSink"} <= started_by_job, started_by_job
+    # Helpers a job has no use for are not started (training/driver.py:JobTrainer).
+    assert not started_by_job & {"DatasetManager", "PlacementGroupCleaner"}, started_by_job
+    while True:
+        held = list_placement_groups(address=service["dashboard_url"], filters=[("state", "=", "CREATED")],
+                                     detail=True)
+        held = [pg for pg in held if pg.creator_job_id == ray_job_id]
+        if not held:
+            break
+        assert time.monotonic() < deadline, f"placement groups left behind: {held}"
         time.sleep(1)
 
 
