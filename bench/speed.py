@@ -80,7 +80,7 @@ def machine() -> str:
                    if line.startswith("MemTotal"))) / 1024**2
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (f"{cpu}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, {gpu}; Python {platform.python_version()}, "
-            f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} at the start (shared machine)")
+            f"torch {torch.__version__}")
 
 
 def busy_fraction(window_s: float) -> float:
@@ -389,7 +389,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
+def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float, load_at_start: float) -> str:
     med = {k: statistics.median(v) for k, v in out.items() if k not in NOT_RATES}
     pairs = paired_runs(out)
     paired = statistics.median(r for run in pairs for r in run)
@@ -401,7 +401,9 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float) -> str:
     lines = [
         SECTION, "",
         f"Written by `bench/speed.py --repeats {args.repeats} --steps {args.steps}` (`make bench`) on "
-        f"{datetime.now():%Y-%m-%d %H:%M} UTC in {wall_s:.0f} s. Machine: {machine()}.", "",
+        f"{datetime.now():%Y-%m-%d %H:%M} UTC in {wall_s:.0f} s. Machine: {machine()}; 1-minute load "
+        f"average {load_at_start:.1f} at the start (what ran before it; each run below waits "
+        "for the cores to go quiet first).", "",
         f"Workload: a Llama built from config (hidden 256, 6 layers, 8 heads, vocabulary of the bundled "
         f"tokenizer), LoRA r=8 on all linear layers, fp32 on CPU; prompt/completion data with log-normally "
         f"spread lengths (16-480 words, median ~100 tokens); global batch {GLOBAL_BATCH} in micro-batches of "
@@ -489,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="a subset to measure, for a quick look (BENCHMARKS.md needs them all)")
     args = parser.parse_args(argv)
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), os.getloadavg()[0]
     out = measure(args)
     if set(args.variants.split(",")) != set(VARIANTS):
         summary = {k: v for k, v in out.items() if k not in ("api", "p1_steps", "plain_steps") and v}
@@ -502,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["api"]["requests_per_s"] = round((len(api["post_ms"]) + len(api["get_ms"])) / api["wall_s"], 1)
         print(json.dumps(summary, indent=1))
         return 0
-    section = render(out, args, time.perf_counter() - started)
+    section = render(out, args, time.perf_counter() - started, load_at_start)
     print(section)
     replace_section(args.output, SECTION, section)
     return 0
