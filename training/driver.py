@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +30,9 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.callbacks import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+from ray.train.v2._internal.callbacks.preemption_callback import PreemptionCallback
+from ray._private import ray_constants
+from ray.train.v2._internal.constants import DEFAULT_ENABLE_PREEMPTION_WATCHER, ENABLE_PREEMPTION_WATCHER_ENV_VAR
 from ray.train.v2._internal.execution.callback import ControllerCallback
 from ray.train.v2._internal.execution.controller.state import (
     PreemptingState,
@@ -38,6 +42,7 @@ from ray.train.v2._internal.execution.controller.state import (
     SchedulingState,
 )
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
+from ray.train.v2._internal.execution.preemption import PreemptionWatcher
 from ray.train.v2.api.exceptions import PreemptionError
 
 from api.models import JobStatus
@@ -56,6 +61,9 @@ from training.progress import ProgressSink
 from training.trackers import with_tensorboard
 
 log = logging.getLogger("eft.driver")
+# Whether Ray Train should watch for preemptions, as this process was started (JobTrainer then
+# turns Ray's own watcher actor off and runs the watcher in the controller).
+WATCH_PREEMPTIONS = ray_constants.env_bool(ENABLE_PREEMPTION_WATCHER_ENV_VAR, DEFAULT_ENABLE_PREEMPTION_WATCHER)
 
 
 class _LazyStore:
@@ -217,17 +225,47 @@ class JobFailurePolicy(DefaultFailurePolicy, ControllerCallback):
         return super().make_decision(training_failed_error)
 
 
+class InControllerPreemptionWatch(PreemptionCallback):
+    """Ray Train's preemption watch with its watcher in the controller's process instead of an
+    actor of its own. The watcher is a poll thread (drained nodes from the GCS, every
+    `RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S`) that hands a notice to every worker
+    (`mark_preempt`); it holds nothing a process of its own would protect, and the controller
+    outlives every worker group it watches."""
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        self._stop_watcher()
+        node_to_ranks: dict[str, list[int]] = {}
+        actors: dict[int, Any] = {}
+        for worker in worker_group.get_workers():
+            rank = worker.distributed_context.world_rank
+            node_to_ranks.setdefault(worker.metadata.node_id, []).append(rank)
+            actors[rank] = worker.actor
+        self._watcher = PreemptionWatcher(node_to_ranks=node_to_ranks, poll_interval_s=self._poll_interval_s,
+                                          worker_actors_by_rank=actors)
+
+    def _stop_watcher(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher._stop_event.set()  # its poll thread ends within one interval  # noqa: SLF001
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into the controller before any worker group starts: no watcher yet.
+        return {**self.__dict__, "_watcher": None}
+
+
 class JobTrainer(TorchTrainer):
     """A TorchTrainer whose controller uses `JobFailurePolicy` and starts no helper process
     the job has no use for. Every idle Ray process costs about 1% of a core (its 10 ms signal
-    check), taken from the workers where they share a node, so two of Ray Train's default
-    helpers are left out:
+    check), taken from the workers where they share a node, so three of Ray Train's default
+    helpers are left out or moved:
     - the dataset manager: the loop reads its data itself (training/data.py), not through the
       `datasets` Ray Data would shard;
     - the detached placement-group cleaner, which asks for the controller every second to
       remove the workers' placement group should the controller die unannounced: the
       controller belongs to the attempt's Ray Job, and Ray removes a job's placement groups
-      when the job ends, however it ends."""
+      when the job ends, however it ends;
+    - the preemption watcher's actor: the same watcher runs as a thread of the controller
+      (`InControllerPreemptionWatch`)."""
 
     def _create_default_callbacks(self) -> list[Any]:
         unused = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
@@ -237,7 +275,13 @@ class JobTrainer(TorchTrainer):
         policy = JobFailurePolicy(self.run_config.failure_config)
         controller_init_kwargs["failure_policy"] = policy
         # The same object also watches the controller's states (one pickle keeps one object).
-        controller_init_kwargs["callbacks"] = [*controller_init_kwargs["callbacks"], policy]
+        callbacks = [*controller_init_kwargs["callbacks"], policy]
+        if WATCH_PREEMPTIONS:
+            # Ray Train hands this variable from the driver's environment to the controller,
+            # which then starts no watcher actor of its own.
+            os.environ[ENABLE_PREEMPTION_WATCHER_ENV_VAR] = "0"
+            callbacks.append(InControllerPreemptionWatch())
+        controller_init_kwargs["callbacks"] = callbacks
         return super()._initialize_and_run_controller(**controller_init_kwargs)
 
 

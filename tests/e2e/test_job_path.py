@@ -153,8 +153,9 @@ def test_cancel_stops_the_ray_job_and_its_workers(service):
     started_by_job = {a.class_name for a in list_actors(
         address=service["dashboard_url"], filters=[("job_id", "=", ray_job_id)], limit=1000)}
     assert {"TrainController", "RayTrainWorker", "ProgressSink"} <= started_by_job, started_by_job
-    # Helpers a job has no use for are not started (training/driver.py:JobTrainer).
-    assert not started_by_job & {"DatasetManager", "PlacementGroupCleaner"}, started_by_job
+    # Helpers a job has no use for are not started, and the preemption watcher runs in the
+    # controller (training/driver.py:JobTrainer).
+    assert not started_by_job & {"DatasetManager", "PlacementGroupCleaner", "PreemptionWatcher"}, started_by_job
     while True:
         held = list_placement_groups(address=service["dashboard_url"], filters=[("state", "=", "CREATED")],
                                      detail=True)
