@@ -1,6 +1,6 @@
 """The FastAPI application: routers, the error envelope and request ids.
 
-`create_app(job_service)` builds it; `service/deployment.py` serves it on Ray Serve. Every error
+`create_app(job_service)` builds it; `api/deployment.py` serves it on Ray Serve. Every error
 leaves as `{"error": {"type", "code", "message", "param"}}` (422s add `errors`, one entry per
 problem) with the `x-request-id` header that every response carries.
 """
@@ -18,21 +18,21 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
-from api.deps import JobServiceDep, get_principal
-from api.models import ErrorResponse, Health
-from api.routes import files, jobs, openai, plan
-from api.routes import logs as logs_routes
-from api.routes import manifest as manifest_routes
-from api.routes import metrics as metrics_routes
-from api.routes import ui as ui_routes
-from service import jsonlog
-from service.auth import KeyStore
-from service.files import FileStore
-from service.idempotency import Idempotency
-from service.errors import Problem, RequestInvalid, ServiceError
-from service.jobs import JobService
-from service.settings import Settings
-from service.validation import check_raw_inputs
+from eft.api.deps import JobServiceDep, get_principal
+from eft.types.jobs import ErrorResponse, Health
+from eft.api.routes import files, jobs, openai, plan
+from eft.api.routes import logs as logs_routes
+from eft.api.routes import manifest as manifest_routes
+from eft.api.routes import metrics as metrics_routes
+from eft.api.routes import ui as ui_routes
+from eft.service import jsonlog
+from eft.service.auth import KeyStore
+from eft.service.files import FileStore
+from eft.service.idempotency import Idempotency
+from eft.service.errors import Problem, RequestInvalid, ServiceError
+from eft.service.jobs import JobService
+from eft.service.settings import Settings
+from eft.service.validation import check_raw_inputs
 
 log = logging.getLogger("eft.api")
 REQUEST_ID = "x-request-id"

@@ -12,9 +12,9 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.auth import KeyStore, Principal
-from service.idempotency import Idempotency
-from service.jobs import JobService
+from eft.service.auth import KeyStore, Principal
+from eft.service.idempotency import Idempotency
+from eft.service.jobs import JobService
 
 # Documents the scheme in OpenAPI; the key itself is checked by KeyStore.authenticate.
 bearer = HTTPBearer(auto_error=False, description="An API key: `eft keys create`, or the one `eft up` writes.")

@@ -49,11 +49,11 @@ def build(directory: Path, small: bool) -> dict[str, int]:
 def measure(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
-    from training.config import LoraSpec, TrainConfig
-    from training.data import Example
-    from training.loop import token_loss_sum
-    from training.model import load_trainable_model
-    from training.packing import collate_packed, packed_micro_batches, real_tokens
+    from eft.training.config import LoraSpec, TrainConfig
+    from eft.training.data import Example
+    from eft.training.loop import token_loss_sum
+    from eft.training.model import load_trainable_model
+    from eft.training.packing import collate_packed, packed_micro_batches, real_tokens
 
     directory = Path(tempfile.mkdtemp(prefix="eft-gpu-"))
     shape = build(directory, args.small)

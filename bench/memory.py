@@ -196,9 +196,9 @@ def worker(spec: dict) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
     from transformers.models.llama import modeling_llama  # noqa: F401
 
-    from training.config import LoraSpec, TrainConfig
-    from training.loop import token_loss_sum
-    from training.model import load_trainable_model
+    from eft.training.config import LoraSpec, TrainConfig
+    from eft.training.loop import token_loss_sum
+    from eft.training.model import load_trainable_model
 
     torch.set_num_threads(spec["threads"])
     use_cuda = spec["device"] == "cuda"
@@ -382,8 +382,8 @@ def build_model(directory: Path, max_seq_len: int) -> None:
 
 def predict(model_dir: Path, row: Row) -> dict[str, float]:
     """The planner's terms for `row` in GB, plus the loss share of its overhead."""
-    from service.planner import Configuration, PlanSpec, architecture_from_config, estimate_memory
-    from service.planner.memory import layer_activation_bytes
+    from eft.planner import Configuration, PlanSpec, architecture_from_config, estimate_memory
+    from eft.planner.memory import layer_activation_bytes
 
     arch = architecture_from_config(model_dir, name="bench-llama")
     extra = {"lora_r": row.r, "lora_targets": "all-linear"} if row.method == "lora" else {}

@@ -114,7 +114,7 @@ class Bench:
         os.kill(actors[-1].pid, signal.SIGKILL)
 
     def kill_driver(self, job_id: str) -> None:
-        pids = subprocess.run(["pgrep", "-f", f"training.driver --job-id {job_id}"],
+        pids = subprocess.run(["pgrep", "-f", f"eft.service.entrypoint --job-id {job_id}"],
                               capture_output=True, text=True).stdout.split()
         for pid in pids:
             os.kill(int(pid), signal.SIGKILL)
@@ -145,7 +145,7 @@ def run(steps: int) -> str:
     import ray
     from ray import serve
 
-    from service.local import deploy_app, ray_node_env, wait_healthy
+    from eft.api.local import deploy_app, ray_node_env, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="eft-bench-recovery-"))
     dash_port, port = _free_port(), _free_port()

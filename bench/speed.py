@@ -222,7 +222,7 @@ class Service:
                 "steady": useful_tokens_per_s(metrics, after_step=body["hyperparameters"]["max_steps"] // 2)}
 
     def config_of(self, job_id: str) -> dict[str, Any]:
-        from service.store import Store
+        from eft.service.store import Store
 
         return Store(f"sqlite:///{self.home / 'eft.db'}").get_job(job_id).config
 
@@ -310,7 +310,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
-    from service.local import deploy_app, ray_node_env, wait_healthy
+    from eft.api.local import deploy_app, ray_node_env, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="eft-bench-speed-"))
     model, data = build_model(home), build_data(home)

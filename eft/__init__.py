@@ -9,7 +9,7 @@
 The same from a shell: `eft jobs create --model tiny-llama --training-file data/train.jsonl --wait`.
 """
 
-from api.models import (
+from eft.types.jobs import (
     CheckpointPolicy,
     FullMethod,
     Health,

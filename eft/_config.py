@@ -37,3 +37,20 @@ def write_config(**values: Any) -> Path:
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=2)
     return path
+
+
+def model_roots() -> list[Path]:
+    """Directories a model name is looked up in, as the service does: `EFT_MODEL_ROOTS` (a JSON
+    list), `$EFT_HOME/models` and, in a checkout of the repository, its bundled assets/models."""
+    roots = [Path(p) for p in _json_list(os.environ.get("EFT_MODEL_ROOTS"))]
+    home = Path(os.environ["EFT_HOME"]) if os.environ.get("EFT_HOME") else Path.home() / ".eft"
+    roots += [home / "models", Path(__file__).resolve().parents[1] / "assets" / "models"]
+    return [r.expanduser() for r in roots]
+
+
+def _json_list(text: str | None) -> list[str]:
+    try:
+        value = json.loads(text) if text else []
+    except ValueError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []

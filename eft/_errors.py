@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from api.models import ErrorResponse, Job
+from eft.types.jobs import ErrorResponse, Job
 
 
 class EftError(Exception):

@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from api.file_models import DatasetReport, FileDeleted, FileList, FileObject, ValidateRequest
-from api.models import (
+from eft.types.files import DatasetReport, FileDeleted, FileList, FileObject, ValidateRequest
+from eft.types.jobs import (
     Health,
     Job,
     JobCreate,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from api.models import Job, JobMetric
+from eft.types.jobs import Job, JobMetric
 
 
 def eta_text(job: Job, now: datetime | None = None) -> str:

@@ -40,7 +40,7 @@ console = Console()
 
 def start_stack(port: int) -> tuple[str, bool]:
     """Returns (service URL, whether this run started it)."""
-    from service import local
+    from eft.api import local
 
     url = f"http://127.0.0.1:{port}"
     try:
@@ -149,7 +149,7 @@ def main() -> int:
         return 0 if losses["after"] < losses["before"] else 1
     finally:
         if started and not args.keep:
-            from service import local
+            from eft.api import local
 
             local.down()
             console.print("stopped the service and the Ray it started")

@@ -21,9 +21,9 @@ from typing import Literal
 
 import sqlalchemy as sa
 
-from service.errors import ServiceError
-from service.schema import api_keys
-from service.store import _aware, utcnow
+from eft.service.errors import ServiceError
+from eft.service.schema import api_keys
+from eft.service.store import _aware, utcnow
 
 Role = Literal["user", "admin"]
 KEY_PREFIX = "eft-"

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from api.file_models import DatasetProblem, DatasetReport, LossToken, TokenStats
-from training.formats import check_record, iter_jsonl
+from eft.types.files import DatasetProblem, DatasetReport, LossToken, TokenStats
+from eft.training.formats import check_record, iter_jsonl
 
 MAX_EXAMPLE_TOKENS = 256
 
@@ -104,7 +104,7 @@ def _overlap(found: _Collector, seen: dict[str, int], other: Path, other_name: s
 
 def _token_stats(found: _Collector, good: list[tuple[int, Any]], tokenizer: Any,
                  max_seq_len: int) -> tuple[TokenStats, list[LossToken]]:
-    from training.data import IGNORE_INDEX, tokenize_record
+    from eft.training.data import IGNORE_INDEX, tokenize_record
 
     lengths, loss_total, example = [], 0, None
     for lineno, record in good:

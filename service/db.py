@@ -40,7 +40,7 @@ def make_engine(url: str) -> sa.Engine:
             cur.close()
 
         return engine
-    from service.settings import get_settings
+    from eft.service.settings import get_settings
 
     settings = get_settings()
     return sa.create_engine(

@@ -6,12 +6,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from api.file_models import DatasetReport, ValidateRequest
-from service.dataset_check import check_dataset
-from service.errors import Problem, RequestInvalid
-from service.files import FILE_ID, FileNotFound, FileRecord, FileStore
-from service.settings import Settings
-from service.validation import resolve_model
+from eft.types.files import DatasetReport, ValidateRequest
+from eft.service.dataset_check import check_dataset
+from eft.service.errors import Problem, RequestInvalid
+from eft.service.files import FILE_ID, FileNotFound, FileRecord, FileStore
+from eft.service.settings import Settings
+from eft.service.validation import resolve_model
 
 
 def check_job_files(body: Any, tenant: str | None, files: FileStore) -> None:

@@ -22,11 +22,11 @@ from typing import BinaryIO
 
 import sqlalchemy as sa
 
-from service.errors import ServiceError
-from service.schema import files as table
-from service.settings import Settings
-from service.storage import is_remote
-from service.store import _aware, utcnow
+from eft.service.errors import ServiceError
+from eft.service.schema import files as table
+from eft.service.settings import Settings
+from eft.training.storage import is_remote
+from eft.service.store import _aware, utcnow
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
 PURPOSES = ("fine-tune",)

@@ -18,9 +18,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from service.errors import Conflict
-from service.schema import idempotency_keys as table
-from service.store import _aware, utcnow
+from eft.service.errors import Conflict
+from eft.service.schema import idempotency_keys as table
+from eft.service.store import _aware, utcnow
 
 #: A claim older than this with no resource is from a request that died half-way.
 ABANDONED_AFTER_S = 120.0

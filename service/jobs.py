@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from api.models import (
+from eft.types.jobs import (
     Job,
     JobCreate,
     JobError,
@@ -20,12 +20,12 @@ from api.models import (
     JobMetricList,
     JobStatus,
 )
-from service.errors import Conflict
-from service.launcher import Launcher
-from service.progress import progress_fields
-from service.settings import Settings
-from service.store import JobRecord, Store
-from service.validation import check_request
+from eft.service.errors import Conflict
+from eft.service.launcher import Launcher
+from eft.service.progress import progress_fields
+from eft.service.settings import Settings
+from eft.service.store import JobRecord, Store
+from eft.service.validation import check_request
 
 log = logging.getLogger("eft.jobs")
 

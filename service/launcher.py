@@ -12,7 +12,7 @@ import shlex
 import sys
 from typing import Protocol
 
-from service.settings import Settings
+from eft.service.settings import Settings
 
 
 class RayJobState:
@@ -56,7 +56,7 @@ class RayJobsLauncher:
         """Start the driver of one attempt. Returns the Ray submission id."""
         submission_id = submission_id_for(job_id, attempt)
         entrypoint = (
-            f"{shlex.quote(sys.executable)} -m training.driver "
+            f"{shlex.quote(sys.executable)} -m eft.service.entrypoint "
             f"--job-id {shlex.quote(job_id)} --attempt {attempt}"
         )
         env = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.models import JobStatus
+from eft.types.jobs import JobStatus
 
 S = JobStatus
 

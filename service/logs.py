@@ -12,9 +12,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from service.errors import Conflict
-from service.launcher import submission_id_for
-from service.store import Store
+from eft.service.errors import Conflict
+from eft.service.launcher import submission_id_for
+from eft.service.store import Store
 
 #: Seconds between looks at a job that has no Ray Job yet (validating, queued, restarting).
 WAIT_POLL_S = 1.0

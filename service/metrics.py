@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from api.models import JobStatus
+from eft.types.jobs import JobStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REGISTRY = CollectorRegistry(auto_describe=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.models import Hyperparameters, Job, JobCreate, JobEvent, JobStatus
-from api.openai_models import (
+from eft.types.jobs import Hyperparameters, Job, JobCreate, JobEvent, JobStatus
+from eft.types.openai import (
     FineTuningJob,
     FineTuningJobCheckpoint,
     FineTuningJobCreate,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from api.models import JobStatus
-from service.store import JobRecord, utcnow
+from eft.types.jobs import JobStatus
+from eft.service.store import JobRecord, utcnow
 
 
 def progress_fields(job: JobRecord, latest: dict[str, Any] | None, now: datetime | None = None) -> dict[str, Any]:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from api.models import JobCreate, JobStatus
-from service.errors import ServiceError
-from service.schema import tenants
-from service.settings import Settings
-from service.store import Store, jobs, utcnow
+from eft.types.jobs import JobCreate, JobStatus
+from eft.service.errors import ServiceError
+from eft.service.schema import tenants
+from eft.service.settings import Settings
+from eft.service.store import Store, jobs, utcnow
 
 ACTIVE = (JobStatus.validating, JobStatus.queued, JobStatus.running, JobStatus.cancelling)
 

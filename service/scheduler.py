@@ -17,14 +17,14 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
-from api.models import JobStatus
-from service import metrics
-from service.errors import Conflict, RequestInvalid
-from service.launcher import Launcher, RayJobState
-from service.lifecycle import IllegalTransition
-from service.settings import Settings
-from service.store import JobRecord, Store, utcnow
-from training.config import TrainConfig
+from eft.types.jobs import JobStatus
+from eft.service import metrics
+from eft.service.errors import Conflict, RequestInvalid
+from eft.service.launcher import Launcher, RayJobState
+from eft.service.lifecycle import IllegalTransition
+from eft.service.settings import Settings
+from eft.service.store import JobRecord, Store, utcnow
+from eft.training.config import TrainConfig
 
 log = logging.getLogger("eft.scheduler")
 
@@ -82,7 +82,7 @@ class Scheduler:
 
     def _validate_and_move(self, job: JobRecord) -> str:
         """Validate one job and move it on. Returns "queued" or "failed"."""
-        from training.errors import TrainingUserError
+        from eft.training.errors import TrainingUserError
 
         try:
             config, stats = self.validate(job.id, job.request, self.settings)

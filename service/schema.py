@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from service.store import metadata
+from eft.service.store import metadata
 
 tenants = sa.Table(
     "tenants",

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.storage import storage_environment
+from eft.training.storage import storage_environment
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_ASSETS = REPO_ROOT / "assets"

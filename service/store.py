@@ -17,10 +17,11 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from api.models import JobStatus
-from service import lifecycle, storage
-from service.db import make_engine, retry_on_disconnect
-from service.errors import Conflict, JobNotFound
+from eft.types.jobs import JobStatus
+from eft.service import lifecycle
+from eft.training import storage
+from eft.service.db import make_engine, retry_on_disconnect
+from eft.service.errors import Conflict, JobNotFound
 
 metadata = sa.MetaData()
 
@@ -178,7 +179,7 @@ class Store:
         self.url = url
         self.engine = make_engine(url)
         if migrate:
-            from service import migrations
+            from eft.service import migrations
 
             migrations.upgrade(self.engine)
 
@@ -461,4 +462,4 @@ class Store:
 
 
 # The accounts, files and idempotency tables share this metadata, so Store creates them too.
-import service.schema  # noqa: E402,F401
+import eft.service.schema  # noqa: E402,F401

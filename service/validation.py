@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.models import Cluster, JobCreate, LoraMethod
-from service.errors import Problem, RequestInvalid
-from service.files import FILE_ID, uploaded_path
-from service.settings import Settings
-from training.config import LoraSpec, TrainConfig, steps_for
-from training.formats import ScanResult, scan_jsonl
+from eft.types.jobs import Cluster, JobCreate, LoraMethod
+from eft.service.errors import Problem, RequestInvalid
+from eft.service.files import FILE_ID, uploaded_path
+from eft.service.settings import Settings
+from eft.training.config import LoraSpec, TrainConfig, steps_for
+from eft.training.formats import ScanResult, scan_jsonl
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
@@ -234,8 +234,8 @@ def choose_configuration(req: JobCreate, settings: Settings) -> Choice:
     """Plan the job: the request's forced options stay, the planner picks the rest (the fastest
     configuration predicted to fit). Raises RequestInvalid (does_not_fit) naming the nearest
     configuration that would fit."""
-    from service.planner import plan
-    from service.planner.requests import refuse_unless_fits, spec_for_request
+    from eft.planner import plan
+    from eft.service.plan_requests import refuse_unless_fits, spec_for_request
 
     opt, gpu = req.optimizations, req.scaling.use_gpu
     spec = spec_for_request(req, _cluster_for(req, settings), settings)
@@ -327,9 +327,9 @@ def validate_job(job_id: str, request: dict[str, Any], settings: Settings) -> tu
     Returns (config, stats for the `validated` event). Raises RequestInvalid if the inputs
     changed since the request was accepted, or TrainingUserError for data that cannot train.
     """
-    from training.data import DataError
-    from training.datacache import load_examples_cached
-    from training.errors import TrainingUserError
+    from eft.training.data import DataError
+    from eft.training.datacache import load_examples_cached
+    from eft.training.errors import TrainingUserError
 
     req = JobCreate.model_validate(request)
     inputs = check_request(req, settings)

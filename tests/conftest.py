@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from service.settings import get_settings
+from eft.service.settings import get_settings
 
 POSTGRES_URL = os.environ.get(
     "EFT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -21,8 +21,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from service import storage
-from training.config import TrainConfig
+from eft.training import storage
+from eft.training.config import TrainConfig
 
 MANIFEST = "eft_manifest.json"
 # Written last: an artifact without it is incomplete (a publish still running, or cut short).

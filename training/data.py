@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.formats import check_record, iter_jsonl
+from eft.training.formats import check_record, iter_jsonl
 
 IGNORE_INDEX = -100
 

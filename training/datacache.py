@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from training.data import Example, load_examples
+from eft.training.data import Example, load_examples
 
 #: Bump when tokenisation changes meaning (the cache then misses and refills).
 FORMAT = 1

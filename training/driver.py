@@ -7,7 +7,7 @@ errors, and callbacks in `RunConfig(callbacks=...)` that record checkpoints and 
 controller's state changes (restarted, resized, preempted) in the job store.
 
 Run by the service's launcher as
-    python -m training.driver --job-id ftjob-... --attempt N
+    python -m eft.service.entrypoint --job-id ftjob-... --attempt N
 with the service's `EFT_*` settings in the environment. The driver and the Train controller
 write progress, checkpoints and the final status straight into the job store, every write
 fenced by the attempt number so a stale attempt can never overwrite a newer one.
@@ -45,20 +45,20 @@ from ray.train.v2._internal.execution.failure_handling import DefaultFailurePoli
 from ray.train.v2._internal.execution.preemption import PreemptionWatcher
 from ray.train.v2.api.exceptions import PreemptionError
 
-from api.models import JobStatus
-from service import jsonlog
-from service.errors import Conflict
-from service import storage
-from service.settings import get_settings
-from service.store import Store
-from training import artifacts
-from training import checkpoint as ckpt
-from training import telemetry
-from training.config import TrainConfig
-from training.errors import find_user_error
-from training.loop import train_loop_per_worker
-from training.progress import ProgressSink
-from training.trackers import with_tensorboard
+from eft.types.jobs import JobStatus
+from eft.service import jsonlog
+from eft.service.errors import Conflict
+from eft.training import storage
+from eft.service.settings import get_settings
+from eft.service.store import Store
+from eft.training import artifacts
+from eft.training import checkpoint as ckpt
+from eft.training import telemetry
+from eft.training.config import TrainConfig
+from eft.training.errors import find_user_error
+from eft.training.loop import train_loop_per_worker
+from eft.training.progress import ProgressSink
+from eft.training.trackers import with_tensorboard
 
 log = logging.getLogger("eft.driver")
 # Whether Ray Train should watch for preemptions, as this process was started (JobTrainer then
@@ -309,7 +309,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list[Any], sink: Any, resize_inte
             name=cfg.job_id,
             storage_path=checkpoints.path if checkpoints else cfg.checkpoint_root,
             # An object store is reached through the filesystem built from the environment's
-            # endpoint and credentials (service/storage.py), the same one the service uses.
+            # endpoint and credentials (training/storage.py), the same one the service uses.
             storage_filesystem=checkpoints.filesystem if checkpoints else None,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint_keep),
             # Preemptions are expected on spot nodes and always resume; other platform

@@ -28,14 +28,14 @@ import torch.nn.functional as F
 import ray.train
 import ray.train.torch
 
-from training import checkpoint
-from training.config import TrainConfig
-from training.data import DataError, Example, collate, global_batch_indices, shard_for_rank
-from training.datacache import load_examples_cached
-from training.errors import TrainingUserError
-from training.model import load_trainable_model
-from training.packing import collate_packed, packed_micro_batches, real_tokens
-from training.strategies import build_strategy
+from eft.training import checkpoint
+from eft.training.config import TrainConfig
+from eft.training.data import DataError, Example, collate, global_batch_indices, shard_for_rank
+from eft.training.datacache import load_examples_cached
+from eft.training.errors import TrainingUserError
+from eft.training.model import load_trainable_model
+from eft.training.packing import collate_packed, packed_micro_batches, real_tokens
+from eft.training.strategies import build_strategy
 
 #: Seconds of training between two looks for a preemption notice (Ray Train's watcher itself
 #: polls the cluster every few seconds; a spot notice gives 30 s or more).

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from training.config import TrainConfig
+from eft.training.config import TrainConfig
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

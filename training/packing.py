@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from training.data import IGNORE_INDEX, Example
+from eft.training.data import IGNORE_INDEX, Example
 
 
 def pack_rows(examples: Sequence[Example], row_len: int) -> list[list[Example]]:

@@ -13,10 +13,10 @@ from typing import Any
 
 import ray
 
-from service.settings import get_settings
-from service.store import Store
-from training import telemetry
-from training.trackers import trackers_for
+from eft.service.settings import get_settings
+from eft.service.store import Store
+from eft.training import telemetry
+from eft.training.trackers import trackers_for
 
 
 @ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)

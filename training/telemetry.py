@@ -104,7 +104,7 @@ def peak_flops_per_worker(use_gpu: bool, gpu_type: str | None, peak_tflops: floa
 def model_flops_per_token(config: dict[str, Any]) -> float | None:
     """FLOPs per token of a job's TrainConfig dict, from its model's config.json; None when
     the architecture cannot be read."""
-    from service.planner.architectures import architecture_from_config
+    from eft.planner.architectures import architecture_from_config
 
     try:
         arch = architecture_from_config(config["model_path"])
@@ -209,7 +209,7 @@ def for_job(store: Any, job_id: str, peak_flops: float | None = None) -> JobTele
     job = store.get_job(job_id)
     config = {**(job.config or {}), "total_steps": job.total_steps}
     if peak_flops is None:
-        from service.settings import get_settings
+        from eft.service.settings import get_settings
 
         settings = get_settings()
         peak_flops = peak_flops_per_worker(bool(config.get("use_gpu")), settings.gpu_type,

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from service import storage
+from eft.training import storage
 
 
 def tensorboard_root(artifact_root: str | Path, job_id: str) -> Path:

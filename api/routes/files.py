@@ -11,9 +11,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, File, Form, Query, Request, Response, UploadFile
 from fastapi.responses import FileResponse
 
-from api.deps import CurrentPrincipal, CurrentTenant, IdempotencyDep, IdempotencyKey, JobServiceDep
-from api.file_models import DatasetReport, FileDeleted, FileList, FileObject, ValidateRequest
-from service.files import FileRecord, FileStore
+from eft.api.deps import CurrentPrincipal, CurrentTenant, IdempotencyDep, IdempotencyKey, JobServiceDep
+from eft.types.files import DatasetReport, FileDeleted, FileList, FileObject, ValidateRequest
+from eft.service.files import FileRecord, FileStore
 
 router = APIRouter(prefix="/files", tags=["files"])
 
@@ -102,7 +102,7 @@ def validate_file(file_id: str, files: FilesDep, tenant: CurrentTenant, service:
     """Check every line of the file without creating a job: errors by line and field, warnings
     (duplicates, overlap with `validation_file`), and with `model` the token counts at
     `max_seq_len` and which tokens of the first record carry the loss."""
-    from service.file_checks import validate_upload
+    from eft.service.file_checks import validate_upload
 
     return validate_upload(files, files.get(file_id, tenant), body or ValidateRequest(),
                            tenant, service.settings)

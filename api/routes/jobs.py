@@ -6,18 +6,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import (
+from eft.api.deps import (
     CurrentPrincipal,
     CurrentTenant,
     IdempotencyDep,
     IdempotencyKey,
     JobServiceDep,
 )
-from api.models import Job, JobCreate, JobEventList, JobList, JobMetricList, JobStatus
-from api.routes.files import FilesDep
-from service.file_checks import check_job_files
-from service.idempotency import request_digest
-from service.quotas import check_quota
+from eft.types.jobs import Job, JobCreate, JobEventList, JobList, JobMetricList, JobStatus
+from eft.api.routes.files import FilesDep
+from eft.service.file_checks import check_job_files
+from eft.service.idempotency import request_digest
+from eft.service.quotas import check_quota
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

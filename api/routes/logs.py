@@ -9,8 +9,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from api.deps import CurrentTenant, JobServiceDep
-from service.logs import JobLogs
+from eft.api.deps import CurrentTenant, JobServiceDep
+from eft.service.logs import JobLogs
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

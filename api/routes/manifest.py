@@ -8,9 +8,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from api.deps import CurrentTenant, JobServiceDep
-from service.errors import Conflict
-from training.artifacts import MANIFEST
+from eft.api.deps import CurrentTenant, JobServiceDep
+from eft.service.errors import Conflict
+from eft.training.artifacts import MANIFEST
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

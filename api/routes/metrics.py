@@ -6,8 +6,8 @@ import time
 
 from fastapi import APIRouter, FastAPI, Request, Response
 
-from api.deps import JobServiceDep
-from service import metrics
+from eft.api.deps import JobServiceDep
+from eft.service import metrics
 
 router = APIRouter(tags=["metrics"])
 

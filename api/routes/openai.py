@@ -8,19 +8,19 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import CurrentPrincipal, CurrentTenant, IdempotencyDep, IdempotencyKey, JobServiceDep
-from api.openai_models import (
+from eft.api.deps import CurrentPrincipal, CurrentTenant, IdempotencyDep, IdempotencyKey, JobServiceDep
+from eft.types.openai import (
     FineTuningJob,
     FineTuningJobCheckpointList,
     FineTuningJobCreate,
     FineTuningJobEventList,
     FineTuningJobList,
 )
-from api.routes.files import FilesDep
-from service.file_checks import check_job_files
-from service.idempotency import request_digest
-from service.quotas import check_quota
-from service.openai_compat import (
+from eft.api.routes.files import FilesDep
+from eft.service.file_checks import check_job_files
+from eft.service.idempotency import request_digest
+from eft.service.quotas import check_quota
+from eft.service.openai_compat import (
     event_number,
     to_job_create,
     to_openai_checkpoint,

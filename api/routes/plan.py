@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import JobServiceDep
-from api.models import Plan, PlanRequest
-from service.planner import plan
-from service.planner.requests import spec_for_request
+from eft.api.deps import JobServiceDep
+from eft.types.jobs import Plan, PlanRequest
+from eft.planner import plan
+from eft.service.plan_requests import spec_for_request
 
 router = APIRouter(tags=["plan"])
 

@@ -15,7 +15,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from api.deps import JobServiceDep
+from eft.api.deps import JobServiceDep
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 router = APIRouter(prefix="/ui", tags=["ui"], include_in_schema=False)

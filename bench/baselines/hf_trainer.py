@@ -44,7 +44,7 @@ def main() -> None:
     from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer,
                               TrainerCallback, TrainingArguments)
 
-    from training.data import load_examples
+    from eft.training.data import load_examples
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

@@ -27,8 +27,8 @@ def plain_loop(config: dict[str, Any]) -> None:
     sent to the job store's progress actor."""
     import torch
 
-    from training.config import TrainConfig
-    from training.loop import Recipe
+    from eft.training.config import TrainConfig
+    from eft.training.loop import Recipe
 
     rows: list[dict[str, Any]] = config["rows"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from service.store import metadata
+from eft.service.store import metadata
 
 
 def _run(connection) -> None:  # noqa: ANN001
@@ -19,8 +19,8 @@ connection = context.config.attributes.get("connection")
 if connection is not None:
     _run(connection)
 else:
-    from service.db import make_engine
-    from service.settings import get_settings
+    from eft.service.db import make_engine
+    from eft.service.settings import get_settings
 
     engine = make_engine(get_settings().resolved_database_url)
     with engine.connect() as conn:

@@ -72,7 +72,7 @@ def service(ray_cluster, tmp_path_factory):
     `restart(**overrides)` to restart it with some settings changed (and back with none)."""
     from ray import serve
 
-    from service.local import deploy_app, wait_healthy
+    from eft.api.local import deploy_app, wait_healthy
 
     home = tmp_path_factory.mktemp("eft-home")
     (home / "data").mkdir()

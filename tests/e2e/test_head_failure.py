@@ -34,7 +34,7 @@ CLUSTER_ENV = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "R
 STEPS = 160
 DEPLOY = """
 import json, sys, ray
-from service.local import deploy_app
+from eft.api.local import deploy_app
 ray.init(address=sys.argv[1], log_to_driver=False)
 deploy_app(json.loads(sys.argv[2]), int(sys.argv[3]))
 """
@@ -88,7 +88,7 @@ class Head:
         subprocess.run([sys.executable, "-c", DEPLOY, self.address, json.dumps(env), str(self.http_port)],
                        check=True, timeout=300, env=CLUSTER_ENV)
         url = f"http://127.0.0.1:{self.http_port}"
-        from service.local import wait_healthy
+        from eft.api.local import wait_healthy
 
         wait_healthy(url, timeout_s=180)
         return url
@@ -107,7 +107,7 @@ class Head:
 def _kill_leftovers(job_id: str) -> None:
     """Processes of the job that left the head's process group (Ray Jobs starts its drivers in
     a session of their own): ended by pid."""
-    found = subprocess.run(["pgrep", "-f", f"training.driver --job-id {job_id}"],
+    found = subprocess.run(["pgrep", "-f", f"eft.service.entrypoint --job-id {job_id}"],
                            capture_output=True, text=True).stdout.split()
     for pid in found:
         try:

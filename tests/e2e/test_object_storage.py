@@ -96,8 +96,8 @@ def test_checkpoints_and_artifact_in_object_storage_survive_a_killed_worker(s3_s
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from service.settings import BUNDLED_ASSETS
-    from training import artifacts
+    from eft.service.settings import BUNDLED_ASSETS
+    from eft.training import artifacts
 
     assert done["artifact_path"] == f"s3://{BUCKET}/artifacts/{jid}"
     keys = _keys(s3["client"], f"artifacts/{jid}/")

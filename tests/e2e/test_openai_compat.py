@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import BUNDLED_ASSETS
+from eft.service.settings import BUNDLED_ASSETS
 from tests.e2e.conftest import ADMIN_KEY
 
 pytestmark = pytest.mark.e2e

@@ -155,7 +155,7 @@ def test_a_job_whose_driver_vanished_is_dispatched_again_and_resumes(service, re
     url = service["url"]
     job = _post(url, _body("lose-the-driver", STEPS))
     latest = _until("a checkpoint Ray Train has registered", lambda: _checkpointed(url, job["id"], 40))
-    driver = subprocess.run(["pgrep", "-f", f"training.driver --job-id {job['id']} --attempt 1"],
+    driver = subprocess.run(["pgrep", "-f", f"eft.service.entrypoint --job-id {job['id']} --attempt 1"],
                             capture_output=True, text=True).stdout.split()
     assert driver, "no driver process found"  # the driver, and the shell Ray Jobs started it with
     for pid in driver:

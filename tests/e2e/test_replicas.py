@@ -26,7 +26,7 @@ def postgres_schema():
 def two_replicas(service, postgres_schema):
     from ray import serve
 
-    from service.local import APP_NAME, deploy_app, wait_healthy
+    from eft.api.local import APP_NAME, deploy_app, wait_healthy
 
     serve.delete(APP_NAME)
     deploy_app({**service["env"], "EFT_DATABASE_URL": postgres_schema}, num_replicas=2)

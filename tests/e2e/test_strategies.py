@@ -26,8 +26,8 @@ from ray.train import CheckpointConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from safetensors.torch import load_file
 
-from training.config import LoraSpec, TrainConfig
-from training.loop import train_loop_per_worker
+from eft.training.config import LoraSpec, TrainConfig
+from eft.training.loop import train_loop_per_worker
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

@@ -190,8 +190,8 @@ def test_incompatible_optimizations_are_named(client, data):
 
 
 def test_forced_options_are_kept_and_auto_is_planned(client, data):
-    from service.validation import check_request
-    from api.models import JobCreate
+    from eft.service.validation import check_request
+    from eft.types.jobs import JobCreate
 
     service = client.app.state.job_service
     train = data("t.jsonl", [CHAT])
@@ -249,12 +249,12 @@ def test_a_dataset_edited_after_a_job_is_checked_again(client, data, eft_home):
 def test_a_created_job_calls_the_replicas_hook_once(eft_home, data):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from service.auth import KeyStore
-    from service.jobs import JobService
-    from service.launcher import RayJobsLauncher
-    from service.settings import get_settings
-    from service.store import Store
+    from eft.api.app import create_app
+    from eft.service.auth import KeyStore
+    from eft.service.jobs import JobService
+    from eft.service.launcher import RayJobsLauncher
+    from eft.service.settings import get_settings
+    from eft.service.store import Store
 
     settings, calls = get_settings(), []
     store = Store(settings.resolved_database_url)

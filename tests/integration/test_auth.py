@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from eft.cli import app as cli
-from service.auth import KeyStore
-from service.settings import get_settings
-from service.store import Store
+from eft.service.auth import KeyStore
+from eft.service.settings import get_settings
+from eft.service.store import Store
 
 pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -77,9 +77,9 @@ def test_a_revoked_key_is_refused_at_once(client, keys, eft_home):
 def test_the_bootstrap_admin_key_comes_from_the_environment(eft_home, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from service.jobs import JobService
-    from service.launcher import RayJobsLauncher
+    from eft.api.app import create_app
+    from eft.service.jobs import JobService
+    from eft.service.launcher import RayJobsLauncher
 
     monkeypatch.setenv("EFT_ADMIN_API_KEY", "eft-bootstrap-secret")
     get_settings.cache_clear()
@@ -120,7 +120,7 @@ def test_keys_are_stored_hashed(client, keys):
 def test_the_client_reads_the_key_eft_up_writes(eft_home, monkeypatch):
     from eft import Client
     from eft._config import write_config
-    from service.local import ensure_local_key
+    from eft.api.local import ensure_local_key
 
     monkeypatch.delenv("EFT_API_KEY", raising=False)
     monkeypatch.delenv("EFT_BASE_URL", raising=False)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from service.db import retrying
-from service.store import Store
+from eft.service.db import retrying
+from eft.service.store import Store
 from tests.conftest import POSTGRES_URL
 
 

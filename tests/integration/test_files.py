@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from service.auth import KeyStore
-from service.settings import get_settings
-from service.store import Store
+from eft.service.auth import KeyStore
+from eft.service.settings import get_settings
+from eft.service.store import Store
 
 pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}

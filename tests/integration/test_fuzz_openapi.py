@@ -15,12 +15,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api.app import create_app
-from service.auth import KeyStore
-from service.jobs import JobService
-from service.launcher import RayJobsLauncher
-from service.settings import Settings
-from service.store import Store
+from eft.api.app import create_app
+from eft.service.auth import KeyStore
+from eft.service.jobs import JobService
+from eft.service.launcher import RayJobsLauncher
+from eft.service.settings import Settings
+from eft.service.store import Store
 
 pytestmark = pytest.mark.integration
 MAX_EXAMPLES = 12

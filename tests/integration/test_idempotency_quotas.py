@@ -8,13 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from service.auth import KeyStore
-from service.jobs import JobService
-from service.launcher import RayJobsLauncher
-from service.quotas import set_tenant_limits
-from service.settings import get_settings
-from service.store import Store
+from eft.api.app import create_app
+from eft.service.auth import KeyStore
+from eft.service.jobs import JobService
+from eft.service.launcher import RayJobsLauncher
+from eft.service.quotas import set_tenant_limits
+from eft.service.settings import get_settings
+from eft.service.store import Store
 
 pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}

@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from service import migrations
-from service.db import make_engine
-from service.store import Store, metadata
+from eft.service import migrations
+from eft.service.db import make_engine
+from eft.service.store import Store, metadata
 
 
 def _differences(engine: sa.Engine) -> list:

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from service import storage
-from training.artifacts import COMMIT_MARKER, MANIFEST, download, is_committed, publish
+from eft.training import storage
+from eft.training.artifacts import COMMIT_MARKER, MANIFEST, download, is_committed, publish
 
 BUCKET = "eft-it"
 

@@ -80,7 +80,7 @@ def test_logs_and_manifest_before_the_job_ran_are_409_with_the_envelope(client, 
 
 
 def test_latest_metric_values_takes_each_jobs_newest_row(database_url):
-    from service.store import Store
+    from eft.service.store import Store
 
     store = Store(database_url)
     try:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from api.models import PlanRequest
-from eft.cli import plan_locally
-from service.settings import get_settings
+from eft.types.jobs import PlanRequest
+from eft.cli_plan import plan_locally
+from eft.service.settings import get_settings
 
 pytestmark = pytest.mark.integration
 TINY = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-llama"
@@ -101,10 +101,10 @@ def test_forced_strategy_that_cannot_fit_gets_the_nearest_fit(client):
 
 
 def test_a_job_that_cannot_fit_is_refused_naming_the_nearest_fit(eft_home):
-    from api.models import Cluster, JobCreate
-    from service.errors import RequestInvalid
-    from service.planner import plan
-    from service.planner.requests import refuse_unless_fits, spec_for_request
+    from eft.types.jobs import Cluster, JobCreate
+    from eft.service.errors import RequestInvalid
+    from eft.planner import plan
+    from eft.service.plan_requests import refuse_unless_fits, spec_for_request
 
     job = JobCreate.model_validate({"model": "llama-2-70b", "training_file": "t.jsonl",
                                     "strategy": "zero2", "hyperparameters": {"max_seq_len": 4096,

@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from api.models import JobStatus
-from service.launcher import RayJobState, submission_id_for
-from service.scheduler import Scheduler
-from service.settings import Settings
-from service.store import Store
-from training.config import TrainConfig
+from eft.types.jobs import JobStatus
+from eft.service.launcher import RayJobState, submission_id_for
+from eft.service.scheduler import Scheduler
+from eft.service.settings import Settings
+from eft.service.store import Store
+from eft.training.config import TrainConfig
 
 pytestmark = pytest.mark.integration
 REQUEST = {"model": "tiny-llama", "training_file": "t.jsonl"}
@@ -168,7 +168,7 @@ def test_cancelling_job_is_stopped_and_settled(store):
 
 
 def test_user_error_in_validation_fails_without_dispatch(store):
-    from training.errors import TrainingUserError
+    from eft.training.errors import TrainingUserError
 
     def validate_bad(job_id, request, settings):
         raise TrainingUserError("user_error.invalid_data", "t.jsonl line 3: record: too long", "training_file")
@@ -210,7 +210,7 @@ def test_a_pass_without_reconcile_asks_ray_only_about_cancelling_jobs(store):
 
 
 def test_a_created_job_wakes_the_scheduler_before_its_interval(store):
-    from service.jobs import JobService
+    from eft.service.jobs import JobService
 
     launcher = RecordingLauncher()
     scheduler = _scheduler(store, launcher, scheduler_interval_s=3600, reconcile_interval_s=3600)
@@ -234,7 +234,7 @@ def test_a_created_job_wakes_the_scheduler_before_its_interval(store):
 def test_a_cancel_that_races_the_scheduler_cancels_the_job_it_finds(store):
     """The scheduler validates the job between the cancel's read and its compare-and-set: the
     cancel reads the job again and cancels it from `queued` (it answered 409 before)."""
-    from service.jobs import JobService
+    from eft.service.jobs import JobService
 
     launcher = RecordingLauncher()
     job, = _queued(store)

@@ -6,12 +6,12 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from service.auth import KeyStore
-from service.jobs import JobService
-from service.launcher import RayJobsLauncher
-from service.settings import get_settings
-from service.store import Store
+from eft.api.app import create_app
+from eft.service.auth import KeyStore
+from eft.service.jobs import JobService
+from eft.service.launcher import RayJobsLauncher
+from eft.service.settings import get_settings
+from eft.service.store import Store
 
 pytestmark = pytest.mark.integration
 _KEYS: dict[str, str] = {}

@@ -2,10 +2,10 @@
 
 import pytest
 
-from api.models import JobStatus
-from service.errors import Conflict, JobNotFound
-from service.lifecycle import IllegalTransition
-from service.store import Store
+from eft.types.jobs import JobStatus
+from eft.service.errors import Conflict, JobNotFound
+from eft.service.lifecycle import IllegalTransition
+from eft.service.store import Store
 
 pytestmark = pytest.mark.integration
 REQUEST = {"model": "tiny-llama", "training_file": "demo/chat_train.jsonl"}

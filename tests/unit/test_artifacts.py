@@ -2,8 +2,8 @@
 
 import json
 
-from training.artifacts import COMMIT_MARKER, MANIFEST, build_manifest, download, is_committed, publish
-from training.config import LoraSpec, TrainConfig
+from eft.training.artifacts import COMMIT_MARKER, MANIFEST, build_manifest, download, is_committed, publish
+from eft.training.config import LoraSpec, TrainConfig
 
 
 def _config(tmp_path):

@@ -199,7 +199,7 @@ def test_up_and_down_call_service_local(monkeypatch):
                                    "dashboard_url": "http://127.0.0.1:8265", "started_ray": True},
         down=lambda: {"stopped_service": True, "stopped_ray": False},
     )
-    monkeypatch.setitem(sys.modules, "service.local", local)
+    monkeypatch.setitem(sys.modules, "eft.api.local", local)
     result = invoke("up", "--port", "8123", "--num-cpus", "2")
     assert result.exit_code == 0 and "http://127.0.0.1:8265" in result.stdout
     assert json.loads(invoke("up", "--json").stdout)["service_url"] == "http://127.0.0.1:8000"

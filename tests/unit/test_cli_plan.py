@@ -16,8 +16,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from api.models import Plan
-from eft import AsyncClient, Client, cli
+from eft.types.jobs import Plan
+from eft import AsyncClient, Client, cli, cli_plan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY = REPO_ROOT / "assets" / "models" / "tiny-llama"
@@ -130,11 +130,11 @@ def test_usage_errors_exit_2(args, message, eft_home):
 
 
 def _fake_plan_server(requests: list[httpx.Request]) -> httpx.MockTransport:
-    local = cli.plan_locally  # the server would answer what the planner says
+    local = cli_plan.plan_locally  # the server would answer what the planner says
 
     def handle(request: httpx.Request) -> httpx.Response:
         requests.append(request)
-        from api.models import PlanRequest
+        from eft.types.jobs import PlanRequest
 
         body = local(PlanRequest.model_validate(json.loads(request.content)))
         return httpx.Response(200, json=body.model_dump(mode="json"))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from training.data import DataError, load_examples
-from training.datacache import load_examples_cached
+from eft.training.data import DataError, load_examples
+from eft.training.datacache import load_examples_cached
 
 TINY = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-llama"
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from service import serve_config
+from eft.api import serve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -120,12 +120,12 @@ def test_the_serve_config_has_one_source():
     assert yaml.safe_load((DEPLOY / "serve.yaml").read_text()) == serve_config.render()
     (app,) = serve_config.render(env={"EFT_HOME": "/x"}, num_replicas=2)["applications"]
     assert app == serve_config.application({"EFT_HOME": "/x"}, 2)
-    # The import path names the deployment `eft up` deploys (service/local.py:deploy_app).
+    # The import path names the deployment `eft up` deploys (api/local.py:deploy_app).
     module, _, attr = app["import_path"].partition(":")
     from importlib import import_module
 
     bound = getattr(import_module(module), attr)
-    from service.deployment import EftService
+    from eft.api.deployment import EftService
 
     assert bound._bound_deployment.func_or_class is EftService.func_or_class
     assert app["deployments"][0]["name"] == EftService.name
@@ -164,7 +164,7 @@ def _deploy_settings() -> list[dict[str, str]]:
 
 
 def test_deployed_nodes_run_training_workers_at_a_plain_scripts_priority():
-    from service.local import ray_node_env
+    from eft.api.local import ray_node_env
 
     for env in _deploy_settings():
         assert env["RAY_worker_niceness"] == ray_node_env({})["RAY_worker_niceness"] == "0"
@@ -172,8 +172,8 @@ def test_deployed_nodes_run_training_workers_at_a_plain_scripts_priority():
 
 
 def test_deployed_uploads_live_on_a_filesystem_the_service_accepts():
-    from service.files import files_root
-    from service.settings import Settings
+    from eft.service.files import files_root
+    from eft.service.settings import Settings
 
     for env in _deploy_settings():
         assert files_root(Settings(files_root=env["EFT_FILES_ROOT"])) == Path(env["EFT_FILES_ROOT"])

@@ -6,8 +6,8 @@ from ray.train.v2._internal.execution.failure_handling import FailureDecision
 from ray.train.v2.api.exceptions import WorkerGroupError
 from ray.train.v2.api.preemption import PreemptionInfo
 
-from training.driver import JobFailurePolicy
-from training.errors import TrainingUserError
+from eft.training.driver import JobFailurePolicy
+from eft.training.errors import TrainingUserError
 
 
 def _worker_error(exc: Exception) -> WorkerGroupError:

@@ -2,7 +2,7 @@
 
 import json
 
-from training.formats import check_record, detect_format, scan_jsonl
+from eft.training.formats import check_record, detect_format, scan_jsonl
 
 
 def test_detects_each_shape():

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from service import jsonlog
+from eft.service import jsonlog
 
 
 @pytest.fixture(autouse=True)

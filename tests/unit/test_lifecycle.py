@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from api.models import JobStatus
-from service import lifecycle
-from service.lifecycle import IllegalTransition, plan_transition
+from eft.types.jobs import JobStatus
+from eft.service import lifecycle
+from eft.service.lifecycle import IllegalTransition, plan_transition
 
 S = JobStatus
 EXPECTED_EDGES = {

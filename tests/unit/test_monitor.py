@@ -3,11 +3,11 @@
 import struct
 from datetime import datetime, timedelta, timezone
 
-from api.models import Job, JobMetric, JobStatus
+from eft.types.jobs import Job, JobMetric, JobStatus
 from eft import monitor
 from eft.client import sse_lines
-from service.progress import progress_fields
-from service.store import JobRecord
+from eft.service.progress import progress_fields
+from eft.service.store import JobRecord
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -80,7 +80,7 @@ def test_sse_lines_keep_log_lines_and_skip_control_events():
 
 
 def test_tensorboard_tracker_writes_scalars_and_they_join_the_published_adapter(tmp_path):
-    from training.trackers import TensorBoardTracker, with_tensorboard
+    from eft.training.trackers import TensorBoardTracker, with_tensorboard
 
     tracker = TensorBoardTracker(tmp_path / "artifacts", "ftjob-x", 2)
     tracker.log(1, {"loss": 2.0, "learning_rate": 1e-3})
@@ -102,7 +102,7 @@ def test_tensorboard_tracker_writes_scalars_and_they_join_the_published_adapter(
 def test_mlflow_tracker_logs_a_run_per_attempt_to_a_file_store(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from training.trackers import trackers_for
+    from eft.training.trackers import trackers_for
 
     job = _record(request={"trackers": {"mlflow": True}}, attempt=2)
     uri = (tmp_path / "mlruns").as_uri()

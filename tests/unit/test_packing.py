@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from training.data import IGNORE_INDEX, Example, collate
-from training.loop import token_loss_sum
-from training.packing import collate_packed, pack_rows, packed_micro_batches, real_tokens
+from eft.training.data import IGNORE_INDEX, Example, collate
+from eft.training.loop import token_loss_sum
+from eft.training.packing import collate_packed, pack_rows, packed_micro_batches, real_tokens
 
 PAD = 0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from service.planner import (
+from eft.planner import (
     KNOWN_ARCHITECTURES,
     Configuration,
     PlannerError,
@@ -406,7 +406,7 @@ def test_bad_specs_name_their_field():
 
 
 def test_the_planner_imports_nothing_heavy():
-    code = ("import sys, service.planner\n"
+    code = ("import sys, eft.planner\n"
             "print(','.join(m for m in ('torch', 'ray', 'fastapi', 'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             timeout=120, cwd=REPO_ROOT)

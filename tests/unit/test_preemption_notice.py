@@ -9,7 +9,7 @@ from ray.train.v2._internal.execution import context as train_context
 from ray.train.v2._internal.execution.preemption import PreemptionContext
 from ray.train.v2.api.preemption import PreemptionInfo
 
-from training.loop import delivered_preemption_notice
+from eft.training.loop import delivered_preemption_notice
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ batches and split over workers, independent of the number of workers."""
 
 import pytest
 
-from training.config import steps_for
-from training.data import epoch_permutation, global_batch_indices, shard_for_rank
+from eft.training.config import steps_for
+from eft.training.data import epoch_permutation, global_batch_indices, shard_for_rank
 
 
 def test_each_epoch_visits_every_example_once():

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from service import metrics as service_metrics
-from service.planner.architectures import architecture_from_config
-from training import telemetry
+from eft.service import metrics as service_metrics
+from eft.planner.architectures import architecture_from_config
+from eft.training import telemetry
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "assets" / "models" / "tiny-llama"

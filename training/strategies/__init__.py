@@ -12,7 +12,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from training.config import TrainConfig
+from eft.training.config import TrainConfig
 
 
 class Strategy(Protocol):
@@ -49,20 +49,20 @@ class Strategy(Protocol):
 
 
 def _ddp(cfg: TrainConfig) -> Strategy:
-    from training.strategies.ddp import DDPStrategy
+    from eft.training.strategies.ddp import DDPStrategy
 
     return DDPStrategy(cfg)
 
 
 def _fsdp(cfg: TrainConfig) -> Strategy:
-    from training.strategies.fsdp import FSDPStrategy
+    from eft.training.strategies.fsdp import FSDPStrategy
 
     return FSDPStrategy(cfg)
 
 
 def _zero(stage: int) -> Callable[[TrainConfig], Strategy]:
     def build(cfg: TrainConfig) -> Strategy:
-        from training.strategies.deepspeed_zero import ZeroStrategy
+        from eft.training.strategies.deepspeed_zero import ZeroStrategy
 
         return ZeroStrategy(cfg, stage)
 

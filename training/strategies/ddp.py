@@ -10,9 +10,9 @@ from typing import Any
 import ray.train.torch
 import torch
 
-from training.config import TrainConfig
-from training.model import compute_dtype, load_trainable_state, trainable_state
-from training.strategies import trainable_parameters
+from eft.training.config import TrainConfig
+from eft.training.model import compute_dtype, load_trainable_state, trainable_state
+from eft.training.strategies import trainable_parameters
 
 
 class DDPStrategy:

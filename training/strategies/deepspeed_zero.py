@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.config import TrainConfig
-from training.model import compute_dtype
-from training.strategies import no_autocast, trainable_parameters
+from eft.training.config import TrainConfig
+from eft.training.model import compute_dtype
+from eft.training.strategies import no_autocast, trainable_parameters
 
 
 def deepspeed_config(cfg: TrainConfig, stage: int, world_size: int) -> dict[str, Any]:

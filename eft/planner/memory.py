@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.planner.spec import Configuration, PlanSpec
+from eft.planner.spec import Configuration, PlanSpec
 
 GB = 1e9
 HALF_BYTES = 2

@@ -10,19 +10,19 @@ allowed model roots (`Settings.allowed_model_roots`), never to an arbitrary path
 
 from __future__ import annotations
 
-from api.models import Cluster, JobCreate
-from service.errors import Problem, RequestInvalid
-from service.planner.architectures import (
+from eft.types.jobs import Cluster, JobCreate
+from eft.service.errors import Problem, RequestInvalid
+from eft.planner.architectures import (
     KNOWN_ARCHITECTURES,
     Architecture,
     PlannerError,
     architecture_from_config,
     known_architecture,
 )
-from service.planner.planning import Plan
-from service.planner.spec import PlanSpec
-from service.settings import Settings
-from service.validation import resolve_under_roots
+from eft.planner.planning import Plan
+from eft.planner.spec import PlanSpec
+from eft.service.settings import Settings
+from eft.service.validation import resolve_under_roots
 
 #: PlanSpec fields -> the request field a problem with them is reported against.
 REQUEST_PARAMS = {

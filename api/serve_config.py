@@ -1,9 +1,9 @@
 """The Serve config of the service: one source for `eft up`, `deploy/serve.yaml` and the
 KubeRay RayService's `serveConfigV2`.
 
-`eft up` (service/local.py:deploy_app) deploys the application this module describes; the
+`eft up` (api/local.py:deploy_app) deploys the application this module describes; the
 files under deploy/ embed the same config, rendered. After changing it, render them again:
-    .venv/bin/python -m service.serve_config
+    .venv/bin/python -m eft.api.serve_config
 (tests/unit/test_deploy_files.py fails while a rendered copy differs from this source).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 APP_NAME = "eft"
-IMPORT_PATH = "service.deployment:app"
+IMPORT_PATH = "eft.api.deployment:app"
 DEPLOYMENT = "EftService"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Settings a cluster deployment passes to the replicas through the Serve config; secrets (the
@@ -62,10 +62,10 @@ def _indent(text: str, spaces: int) -> str:
 
 SERVE_YAML = REPO_ROOT / "deploy" / "serve.yaml"
 RAYSERVICE = REPO_ROOT / "deploy" / "kuberay" / "base" / "rayservice.yaml"
-_BEGIN, _END = "  # BEGIN rendered by service/serve_config.py\n", "  # END rendered\n"
+_BEGIN, _END = "  # BEGIN rendered by api/serve_config.py\n", "  # END rendered\n"
 _SERVE_YAML_HEADER = """\
 # Ray Serve config for the eft service, for `serve deploy deploy/serve.yaml` on a running
-# cluster. Rendered by `python -m service.serve_config` from service/serve_config.py, the source
+# cluster. Rendered by `python -m eft.api.serve_config` from api/serve_config.py, the source
 # `eft up` and the KubeRay RayService share. Settings and secrets come from EFT_* variables in
 # the nodes' environment (see docs/operations.md).
 """

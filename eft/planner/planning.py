@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from service.planner.memory import MemoryEstimate, estimate_memory
-from service.planner.spec import (
+from eft.planner.memory import MemoryEstimate, estimate_memory
+from eft.planner.spec import (
     OFFLOADS,
     OFFLOADS_BY_STRATEGY,
     STRATEGIES,
@@ -19,7 +19,7 @@ from service.planner.spec import (
     Configuration,
     PlanSpec,
 )
-from service.planner.timing import relative_time, supports_flash_attention
+from eft.planner.timing import relative_time, supports_flash_attention
 
 MAX_GPUS = 4096  # the most workers a job may ask for (api.models.Scaling)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from service.serve_config import APP_NAME
-from service.settings import Settings, get_settings
+from eft.api.serve_config import APP_NAME
+from eft.service.settings import Settings, get_settings
 
 RAY_DASHBOARD_PORT = 8265
 # Not Ray's default 6379: that is Redis's port, and machines with Redis often run it there.
@@ -130,11 +130,11 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
     """Deploy the service as the Serve app `eft` on the connected Ray cluster, with these
     `EFT_*` variables in its replicas. A redeploy replaces the replicas (and their schedulers),
     as a service restart does; `port` starts Serve's HTTP proxy first (None: keep the running
-    one). The application is the one service/serve_config.py describes for every deployment."""
+    one). The application is the one api/serve_config.py describes for every deployment."""
     from ray import serve
 
-    from service.deployment import EftService
-    from service.serve_config import application
+    from eft.api.deployment import EftService
+    from eft.api.serve_config import application
 
     app = application(env, num_replicas)
     (options,) = app["deployments"]
@@ -178,8 +178,8 @@ def ensure_local_key(settings: Settings, url: str) -> Path:
     """Keep the API key in the user's config if the store still accepts it, else create an admin
     key of the default tenant; write it and `url` to the config. Returns the config's path."""
     from eft._config import read_config, write_config
-    from service.auth import KeyStore, Unauthenticated
-    from service.store import Store
+    from eft.service.auth import KeyStore, Unauthenticated
+    from eft.service.store import Store
 
     store = Store(settings.resolved_database_url)
     try:

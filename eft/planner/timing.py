@@ -22,7 +22,7 @@ to order configurations the way the study's measurements do (section 5):
 
 from __future__ import annotations
 
-from service.planner.spec import Configuration
+from eft.planner.spec import Configuration
 
 STRATEGY_TIME = {"ddp": 1.0, "zero1": 1.0, "zero2": 1.02, "zero3": 1.35, "fsdp": 1.35}
 CHECKPOINTING_TIME = 1.25

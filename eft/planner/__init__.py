@@ -2,7 +2,7 @@
 
 Pure Python (no torch, ray or fastapi), so the CLI runs it on a laptop:
 
-    from service.planner import PlanSpec, known_architecture, plan
+    from eft.planner import PlanSpec, known_architecture, plan
 
     spec = PlanSpec(known_architecture("llama-2-70b"), method="lora", seq_len=4096,
                     micro_batch=1, gpus=8, gpu_memory_gb=32)
@@ -18,7 +18,7 @@ The model follows "A Study of Optimizations for Fine-tuning Large Language Model
 2024): its Table 1 and Figure 4 are the planner's tests (tests/unit/test_planner.py).
 """
 
-from service.planner.architectures import (
+from eft.planner.architectures import (
     KNOWN_ARCHITECTURES,
     Architecture,
     PlannerError,
@@ -27,9 +27,9 @@ from service.planner.architectures import (
     known_architecture,
     with_parameters,
 )
-from service.planner.memory import MemoryEstimate, estimate_memory
-from service.planner.planning import Candidate, Plan, Suggestion, nearest_fit, plan
-from service.planner.spec import (
+from eft.planner.memory import MemoryEstimate, estimate_memory
+from eft.planner.planning import Candidate, Plan, Suggestion, nearest_fit, plan
+from eft.planner.spec import (
     ATTENTIONS,
     METHODS,
     OFFLOADS,
@@ -38,7 +38,7 @@ from service.planner.spec import (
     Overheads,
     PlanSpec,
 )
-from service.planner.timing import relative_time, supports_flash_attention
+from eft.planner.timing import relative_time, supports_flash_attention
 
 __all__ = [
     "ATTENTIONS",

@@ -1,7 +1,7 @@
 """The Ray Serve deployment: the FastAPI app plus the scheduler thread of each replica.
 
-Deployed by `eft up` (service/local.py) or by a Serve config (`deploy/serve.yaml`,
-import path `service.deployment:app`). Each replica opens the job store, serves the API, and
+Deployed by `eft up` (api/local.py) or by a Serve config (`deploy/serve.yaml`,
+import path `eft.api.deployment:app`). Each replica opens the job store, serves the API, and
 runs a scheduler pass every `EFT_SCHEDULER_INTERVAL_S` (and at once after it stores a job); replicas coordinate only through the
 store's compare-and-set claims.
 """
@@ -13,14 +13,14 @@ import threading
 
 from ray import serve
 
-from api.app import create_app
-from service import jsonlog
-from service.jobs import JobService
-from service.launcher import RayJobsLauncher
-from service.scheduler import Scheduler
-from service.settings import Settings, get_settings
-from service.store import Store
-from service.validation import validate_job
+from eft.api.app import create_app
+from eft.service import jsonlog
+from eft.service.jobs import JobService
+from eft.service.launcher import RayJobsLauncher
+from eft.service.scheduler import Scheduler
+from eft.service.settings import Settings, get_settings
+from eft.service.store import Store
+from eft.service.validation import validate_job
 
 log = logging.getLogger("eft.deployment")
 

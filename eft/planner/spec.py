@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.planner.architectures import Architecture, PlannerError
+from eft.planner.architectures import Architecture, PlannerError
 
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "optimizer+params")

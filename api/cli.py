@@ -1,0 +1,135 @@
+"""The server's commands of `eft`, registered through the `eft.commands` entry point:
+
+    eft up --num-cpus 8                          # local Ray (if none) and the service
+    eft down
+    eft keys create --tenant team-a [--role admin] [--name ci]   # prints the key once
+    eft keys list [--tenant team-a]
+    eft keys revoke key_...
+
+`eft keys` runs on a machine that reaches the service's database (EFT_DATABASE_URL, or the
+SQLite file under EFT_HOME); it needs no running service. This module imports only what the
+client has; Ray, FastAPI and the store load inside the commands.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from eft.cli import AsJson, CliError, _emit_json, _table, out
+
+GROUPS = {"keys": "Create, list and revoke API keys (admin; needs the store)."}
+
+
+def _service_local():
+    try:
+        from eft.api import local  # ray and fastapi: only for up/down
+    except ImportError as exc:
+        raise CliError(f"`eft up`/`eft down` need the server: pip install 'eft[server]' ({exc})") from exc
+    return local
+
+
+def up(port: Annotated[int, typer.Option(help="Port of the REST API.")] = 8000,
+       num_cpus: Annotated[int | None, typer.Option(help="CPUs for a new local Ray.")] = None,
+       as_json: AsJson = False) -> None:
+    """Start local Ray (or join a running one) and the service: `eft up --num-cpus 8`."""
+    info = _service_local().up(port=port, num_cpus=num_cpus)
+    if as_json:
+        return _emit_json(info)
+    ray = "started" if info["started_ray"] else "already running (reused)"
+    rows = [("service", info["service_url"]), ("dashboard", info["dashboard_url"]), ("ray", ray)]
+    if info.get("config"):
+        rows.append(("api key", f"in {info['config']}"))
+    out.print(_table("", "", rows=rows))
+
+
+def down(as_json: AsJson = False) -> None:
+    """Stop the service, and Ray when `eft up` started it: `eft down`."""
+    info = _service_local().down()
+    if as_json:
+        return _emit_json(info)
+    out.print(_table("", "", rows=[
+        ("service", "stopped" if info["stopped_service"] else "was not running"),
+        ("ray", "stopped" if info["stopped_ray"] else "not started by eft up: left as is"),
+    ]))
+
+
+def _key_store() -> tuple[Any, Any]:
+    try:
+        from eft.service.auth import KeyStore
+        from eft.service.settings import get_settings
+        from eft.service.store import Store
+    except ImportError as exc:
+        raise CliError(f"`eft keys` needs the server: pip install 'eft[server]' ({exc})") from exc
+    store = Store(get_settings().resolved_database_url)
+    return store, KeyStore(store.engine)
+
+
+def _key_row(key: Any) -> dict[str, Any]:
+    return {"id": key.id, "tenant": key.tenant, "role": key.role, "name": key.name,
+            "prefix": key.prefix, "created_at": key.created_at.isoformat(),
+            "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None}
+
+
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the key belongs to.")] = "default",
+    role: Annotated[str, typer.Option(help="user (its tenant only) or admin (every tenant).")] = "user",
+    name: Annotated[str | None, typer.Option(help="A label, e.g. who holds the key.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Create an API key and print it (shown once): `eft keys create --tenant team-a`."""
+    store, keys = _key_store()
+    try:
+        record, secret = keys.create(tenant, role, name)
+    except Exception as exc:
+        if type(exc).__name__ == "ServiceError":
+            raise CliError(str(exc), exit_code=2) from None
+        raise
+    finally:
+        store.close()
+    if as_json:
+        return _emit_json({**_key_row(record), "key": secret})
+    out.print(_table("", "", rows=[("id", record.id), ("tenant", record.tenant),
+                                   ("role", record.role), ("key", secret)]))
+    out.print(Text("store the key now: it is not shown again", style="dim"))
+
+
+def keys_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
+    revoked: Annotated[bool, typer.Option("--revoked", help="Include revoked keys.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """List API keys (never the keys themselves): `eft keys list`."""
+    store, keys = _key_store()
+    try:
+        rows = [_key_row(k) for k in keys.list(tenant, include_revoked=revoked)]
+    finally:
+        store.close()
+    if as_json:
+        return _emit_json({"object": "list", "data": rows})
+    out.print(_table("id", "tenant", "role", "name", "prefix", "created", "revoked",
+                     rows=[(r["id"], r["tenant"], r["role"], r["name"] or "-", r["prefix"] + "…",
+                            r["created_at"][:19], r["revoked_at"] or "-") for r in rows]))
+
+
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="Key id, e.g. key_...")],
+                as_json: AsJson = False) -> None:
+    """Revoke an API key at once: `eft keys revoke key_...`."""
+    store, keys = _key_store()
+    try:
+        record = keys.revoke(key_id)
+    except Exception as exc:
+        if type(exc).__name__ == "KeyNotFound":
+            raise CliError(str(exc)) from None
+        raise
+    finally:
+        store.close()
+    if as_json:
+        return _emit_json(_key_row(record))
+    out.print(Text(f"revoked {record.id} ({record.tenant})"))
+
+
+COMMANDS = {"up": up, "down": down, "keys create": keys_create, "keys list": keys_list,
+            "keys revoke": keys_revoke}
