@@ -21,12 +21,12 @@ chromium:
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
 
 # The install steps live in deploy/install.sh, which the Dockerfile runs too.
-$(STAMP): pyproject.toml deploy/install.sh
-	PYTHON=$(PYTHON) sh deploy/install.sh $(VENV) $(TORCH_VERSION) test
+$(STAMP): pyproject.toml deploy/install.sh deploy/constraints.txt
+	PYTHON=$(PYTHON) sh deploy/install.sh $(VENV) $(TORCH_VERSION) server,test
 	touch $(STAMP)
 
 $(MODEL): $(STAMP) training/tiny.py
-	$(PY) -m training.tiny --out assets
+	$(PY) -m eft.training.tiny --out assets
 
 demo: setup
 	$(PY) examples/demo.py

@@ -2,13 +2,16 @@
 # Install eft into a virtual environment: the one recipe `make setup` (and so CI), the
 # Dockerfile and the cluster launcher configs run.
 #   sh deploy/install.sh VENV TORCH_VERSION [EXTRAS]
-#   e.g. sh deploy/install.sh .venv 2.13.0 test
+#   e.g. sh deploy/install.sh .venv 2.13.0 server,test
+# EXTRAS defaults to `server` (the service and the training workers); the client alone is a plain
+# `pip install .`. Every package is pinned by deploy/constraints.txt, the environment CI tests.
 # TORCH_INDEX_URL picks the torch build (e.g. https://download.pytorch.org/whl/cu128 for CUDA
 # 12.8, .../whl/cpu for CPU); unset, pip's configured index decides.
 set -eu
 VENV=$1
 TORCH_VERSION=$2
-EXTRAS=${3:-}
+EXTRAS=${3:-server}
+CONSTRAINTS="$(dirname "$0")/constraints.txt"
 PYTHON=${PYTHON:-python3}
 
 test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
@@ -19,8 +22,4 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
 else
     "$VENV/bin/python" -m pip install --quiet "torch==$TORCH_VERSION"
 fi
-if [ -n "$EXTRAS" ]; then
-    "$VENV/bin/python" -m pip install --quiet -e ".[$EXTRAS]"
-else
-    "$VENV/bin/python" -m pip install --quiet -e .
-fi
+"$VENV/bin/python" -m pip install --quiet -c "$CONSTRAINTS" -e ".[$EXTRAS]"

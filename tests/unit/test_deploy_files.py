@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -151,6 +152,27 @@ def test_image_and_ci_install_with_the_same_script():
     assert torch_make == torch_image
     for path in CLUSTERS:
         assert f"{INSTALL} ~/eft/.venv {torch_make}" in path.read_text(), path
+
+
+def test_every_image_runs_one_python_and_the_tested_versions():
+    """Ray refuses a cluster whose nodes run different Pythons or Ray versions: both images take
+    the one PYTHON_VERSION, and every install goes through the constraints CI tested."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    python = re.search(r"^ARG PYTHON_VERSION=(\S+)", dockerfile, re.M).group(1)
+    assert python == f"{sys.version_info.major}.{sys.version_info.minor}"
+    stages = {stage: base for base, stage in re.findall(r"^FROM (\S+) AS (\w+)", dockerfile, re.M)}
+    assert stages["cpu"] == "python:${PYTHON_VERSION}-slim-bookworm"
+    gpu_install = [line for line in dockerfile.split("FROM ")[-1].splitlines()
+                   if line.startswith("RUN") and INSTALL in line]
+    assert gpu_install and "PYTHON=python${PYTHON_VERSION}" in gpu_install[0]
+    assert dockerfile.count("deploy/constraints.txt") == 2
+    install = (DEPLOY / "install.sh").read_text()
+    assert '-c "$CONSTRAINTS"' in install
+    pins = dict(line.split("==", 1) for line in (DEPLOY / "constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    from importlib import metadata
+    for package in ("ray", "transformers", "peft", "deepspeed", "pydantic", "fastapi"):
+        assert pins[package] == metadata.version(package), package
 
 
 def _deploy_settings() -> list[dict[str, str]]:
