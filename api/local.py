@@ -57,7 +57,7 @@ def _recorded_cluster_answers() -> bool:
     `ray start` writes) no longer answers, as after a crash; `ray.init` would wait on it."""
     import socket
 
-    from ray._private.services import get_ray_address_from_environment
+    from eft.training._ray import get_ray_address_from_environment
 
     try:
         address = get_ray_address_from_environment("auto", None)

@@ -1,25 +1,21 @@
-"""The Ray Job entrypoint of one job attempt: runs a TorchTrainer and records the outcome.
+"""One job attempt in its Ray Job driver: runs a TorchTrainer and reports the outcome.
 
 Ray Train supplies the recovery machinery (restarts from the latest checkpoint, elastic
 resizes, preemption notices); the driver adds the job's policy and bookkeeping through the
 extension points Ray Train's controller offers: a failure policy that never retries user
-errors, and callbacks in `RunConfig(callbacks=...)` that record checkpoints and the
-controller's state changes (restarted, resized, preempted) in the job store.
+errors, and callbacks in `RunConfig(callbacks=...)` that report checkpoints and the
+controller's state changes (restarted, resized, preempted).
 
-Run by the service's launcher as
-    python -m eft.service.entrypoint --job-id ftjob-... --attempt N
-with the service's `EFT_*` settings in the environment. The driver and the Train controller
-write progress, checkpoints and the final status straight into the job store, every write
-fenced by the attempt number so a stale attempt can never overwrite a newer one.
+Started by the service's Ray Job entrypoint (service/entrypoint.py), which hands `run` the
+job's plain `TrainConfig`, a `RunSpec` and a `Reporter` (training/reporting.py): everything the
+driver, the Train controller and rank 0 tell the outside world goes through that reporter.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,29 +24,26 @@ import ray
 import ray.train
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from ray.train.v2._internal.callbacks import DatasetsCallback
-from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-from ray.train.v2._internal.callbacks.preemption_callback import PreemptionCallback
-from ray._private import ray_constants
-from ray.train.v2._internal.constants import DEFAULT_ENABLE_PREEMPTION_WATCHER, ENABLE_PREEMPTION_WATCHER_ENV_VAR
-from ray.train.v2._internal.execution.callback import ControllerCallback
-from ray.train.v2._internal.execution.controller.state import (
+from ray.train.v2.api.exceptions import PreemptionError
+
+from eft.training._ray import (
+    DEFAULT_ENABLE_PREEMPTION_WATCHER,
+    ENABLE_PREEMPTION_WATCHER_ENV_VAR,
+    ControllerCallback,
+    DatasetsCallback,
+    DefaultFailurePolicy,
+    FailureDecision,
+    PlacementGroupCleanerCallback,
     PreemptingState,
+    PreemptionCallback,
+    PreemptionWatcher,
     ReschedulingState,
     ResizingState,
     RestartingState,
     SchedulingState,
+    env_bool,
 )
-from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
-from ray.train.v2._internal.execution.preemption import PreemptionWatcher
-from ray.train.v2.api.exceptions import PreemptionError
-
-from eft.types.jobs import JobStatus
-from eft.service import jsonlog
-from eft.service.errors import Conflict
 from eft.training import storage
-from eft.service.settings import get_settings
-from eft.service.store import Store
 from eft.training import artifacts
 from eft.training import checkpoint as ckpt
 from eft.training import telemetry
@@ -58,45 +51,40 @@ from eft.training.config import TrainConfig
 from eft.training.errors import find_user_error
 from eft.training.loop import train_loop_per_worker
 from eft.training.progress import ProgressSink
+from eft.training.reporting import Reporter, RunSpec
 from eft.training.trackers import with_tensorboard
 
 log = logging.getLogger("eft.driver")
 # Whether Ray Train should watch for preemptions, as this process was started (JobTrainer then
 # turns Ray's own watcher actor off and runs the watcher in the controller).
-WATCH_PREEMPTIONS = ray_constants.env_bool(ENABLE_PREEMPTION_WATCHER_ENV_VAR, DEFAULT_ENABLE_PREEMPTION_WATCHER)
+WATCH_PREEMPTIONS = env_bool(ENABLE_PREEMPTION_WATCHER_ENV_VAR, DEFAULT_ENABLE_PREEMPTION_WATCHER)
 
 
-class _LazyStore:
-    """Callbacks run in the Train controller: the store is opened there, not pickled."""
+class _Reporting:
+    """Callbacks run in the Train controller: they report through the job's reporter, and make
+    their telemetry there, not in the driver."""
 
-    def __init__(self, database_url: str, job_id: str, attempt: int):
-        self.database_url, self.job_id, self.attempt = database_url, job_id, attempt
-        self._store: Store | None = None
+    def __init__(self, reporter: Reporter, spec: RunSpec, config: dict[str, Any]):
+        self.reporter, self.spec, self.config = reporter, spec, config
         self._telemetry: telemetry.JobTelemetry | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None, "_telemetry": None}
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            self._store = Store(self.database_url, migrate=False)
-        return self._store
+        return {**self.__dict__, "_telemetry": None}
 
     @property
     def telemetry(self) -> telemetry.JobTelemetry:
         if self._telemetry is None:
-            self._telemetry = telemetry.for_job(self.store, self.job_id)
+            self._telemetry = telemetry.for_run(self.spec, self.config)
         return self._telemetry
 
 
-class StoreCheckpoints(_LazyStore, ray.train.UserCallback):
+class RecordCheckpoints(_Reporting, ray.train.UserCallback):
     """Records every checkpoint Ray Train has persisted, with its size and why it was taken.
     (Per-step metrics take another path: training/progress.py.)"""
 
-    def __init__(self, database_url: str, job_id: str, attempt: int, checkpoint_root: str = ""):
-        super().__init__(database_url, job_id, attempt)
-        self.checkpoint_root = checkpoint_root
+    def __init__(self, reporter: Reporter, spec: RunSpec, config: dict[str, Any]):
+        super().__init__(reporter, spec, config)
+        self.checkpoint_root = config.get("checkpoint_root", "")
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:  # noqa: ANN001
         if checkpoint is None:
@@ -111,16 +99,13 @@ class StoreCheckpoints(_LazyStore, ray.train.UserCallback):
         path = _checkpoint_uri(self.checkpoint_root, checkpoint.path)
         reason = state.get("reason", "interval")
         world_size = state.get("world_size")
-        self.store.record_checkpoint(
-            self.job_id, self.attempt, step, path, values, world_size=world_size,
-            reason=reason, size_bytes=size, save_seconds=state.get("save_seconds"),
-        )
+        self.reporter.checkpoint(step, path, values, world_size=world_size, reason=reason,
+                                 size_bytes=size, save_seconds=state.get("save_seconds"))
         self.telemetry.checkpoint(reason, state.get("save_seconds"), size)
-        self.store.append_event(
-            self.job_id, "checkpoint_saved", f"{reason} checkpoint saved at step {step}",
-            data={"step": step, "path": path, "reason": reason, "world_size": world_size,
-                  "size_bytes": size, "save_seconds": state.get("save_seconds")},
-            attempt=self.attempt,
+        self.reporter.event(
+            "checkpoint_saved", f"{reason} checkpoint saved at step {step}",
+            {"step": step, "path": path, "reason": reason, "world_size": world_size,
+             "size_bytes": size, "save_seconds": state.get("save_seconds")},
         )
 
 
@@ -131,34 +116,34 @@ def _checkpoint_uri(checkpoint_root: str, path: str) -> str:
     return storage.resolve(checkpoint_root).uri_of(path)
 
 
-class RecordRecovery(_LazyStore, ControllerCallback):
+class RecordRecovery(_Reporting, ControllerCallback):
     """Turns the Train controller's state changes into job events and counters: `preempted`
     when a node hosting workers is drained, `restarted` when the worker group restarts after a
     failure, `resized` when an elastic job changes its number of workers. (`resumed`, with the
     step and lost steps, comes from rank 0 once it has loaded the checkpoint.)"""
 
-    def __init__(self, database_url: str, job_id: str, attempt: int):
-        super().__init__(database_url, job_id, attempt)
+    def __init__(self, reporter: Reporter, spec: RunSpec, config: dict[str, Any]):
+        super().__init__(reporter, spec, config)
         self.num_workers: int | None = None
 
     def _event(self, type_: str, message: str, data: dict[str, Any], level: str = "info") -> None:
         try:
-            self.store.append_event(self.job_id, type_, message, data=data, level=level, attempt=self.attempt)
+            self.reporter.event(type_, message, data, level=level)
         except Exception:  # noqa: BLE001 - bookkeeping must never break the controller
-            log.exception("could not record %s for %s", type_, self.job_id)
+            log.exception("could not record %s for %s", type_, self.spec.job_id)
 
     def after_controller_state_update(self, previous_state, current_state) -> None:  # noqa: ANN001
         try:
             self._on_state(previous_state, current_state)
         except Exception:  # noqa: BLE001
-            log.exception("could not record a state change of %s", self.job_id)
+            log.exception("could not record a state change of %s", self.spec.job_id)
 
     def _on_state(self, previous_state, current_state) -> None:  # noqa: ANN001
         if isinstance(current_state, PreemptingState):
             if isinstance(previous_state, PreemptingState):
                 return  # still waiting out the same preemption
             info = current_state.preemption_info
-            self.store.add_counts(self.job_id, preemptions=1)
+            self.reporter.counts(preemptions=1)
             self.telemetry.counts(preemptions=1)
             self._event("preempted", f"node(s) {', '.join(n[:12] for n in info.preempted_node_ids)} "
                         f"draining; checkpointing before they go", {
@@ -170,7 +155,7 @@ class RecordRecovery(_LazyStore, ControllerCallback):
             # A worker lost while its node drains is the preemption, whatever the error says.
             preemption = isinstance(error, PreemptionError) or isinstance(previous_state, PreemptingState)
             if not preemption:
-                self.store.add_counts(self.job_id, restarts=1)
+                self.reporter.counts(restarts=1)
                 self.telemetry.counts(restarts=1)
             reason = "preemption" if preemption else _first_line(error)
             self._event("restarted", f"restarting from the latest checkpoint after: {reason}",
@@ -178,7 +163,7 @@ class RecordRecovery(_LazyStore, ControllerCallback):
                          "error_type": type(error).__name__}, level="warning")
         elif isinstance(current_state, ResizingState):
             target = current_state.scaling_decision.num_workers
-            self.store.add_counts(self.job_id, resizes=1)
+            self.reporter.counts(resizes=1)
             self.telemetry.counts(resizes=1)
             self._event("resized", f"resizing from {self.num_workers} to {target} workers",
                         {"from_workers": self.num_workers, "to_workers": target, "reason": "grow"})
@@ -186,7 +171,7 @@ class RecordRecovery(_LazyStore, ControllerCallback):
             target = current_state.scaling_decision.num_workers
             if (isinstance(previous_state, (RestartingState, ReschedulingState))
                     and self.num_workers is not None and target != self.num_workers):
-                self.store.add_counts(self.job_id, resizes=1)
+                self.reporter.counts(resizes=1)
                 self.telemetry.counts(resizes=1)
                 self._event("resized", f"restarting with {target} instead of {self.num_workers} workers",
                             {"from_workers": self.num_workers, "to_workers": target,
@@ -320,72 +305,38 @@ def build_trainer(cfg: TrainConfig, callbacks: list[Any], sink: Any, resize_inte
     )
 
 
-def _fail(store: Store, job_id: str, attempt: int, exc: BaseException) -> None:
+def _fail(reporter: Reporter, exc: BaseException) -> None:
     user_error = find_user_error(exc)
     if user_error is not None:
-        code, message, param = user_error.code, user_error.message, user_error.param
+        reporter.failed(user_error.code, user_error.message, user_error.param)
     else:
-        code, message, param = "platform_error.training_failed", f"{type(exc).__name__}: {exc}", None
-    store.transition(
-        job_id, JobStatus.failed, message[:2000], expected_attempt=attempt,
-        error_code=code, error_message=message[:8000], error_param=param,
-    )
+        reporter.failed("platform_error.training_failed", f"{type(exc).__name__}: {exc}", None)
 
 
-def run(job_id: str, attempt: int) -> int:
-    """Run one attempt of a job. Returns the process exit code."""
-    settings = get_settings()
-    store = Store(settings.resolved_database_url, migrate=False)
-    job = store.get_job(job_id)
-    if job.attempt != attempt or job.status not in (JobStatus.running, JobStatus.cancelling):
-        log.warning("job %s is %s on attempt %s; attempt %s exits", job_id, job.status, job.attempt, attempt)
-        return 0
-    cfg = TrainConfig.from_dict(job.config or {})
-    store.append_event(
-        job_id, "training_started", f"attempt {attempt} starting with {cfg.min_workers}-{cfg.max_workers} workers",
-        data={"min_workers": cfg.min_workers, "max_workers": cfg.max_workers}, attempt=attempt,
-    )
-    log.info("attempt %s starting: %s, %s-%s workers, %s steps", attempt, cfg.strategy,
+def run(cfg: TrainConfig, spec: RunSpec, reporter: Reporter) -> int:
+    """Run one attempt of a job to its end and report the outcome. Returns the exit code."""
+    reporter.started(cfg.min_workers, cfg.max_workers)
+    log.info("attempt %s starting: %s, %s-%s workers, %s steps", spec.attempt, cfg.strategy,
              cfg.min_workers, cfg.max_workers, cfg.total_steps)
-    sink = ProgressSink.remote(settings.resolved_database_url, job_id, attempt)
-    callbacks = [StoreCheckpoints(settings.resolved_database_url, job_id, attempt, cfg.checkpoint_root),
-                 RecordRecovery(settings.resolved_database_url, job_id, attempt)]
-    trainer = build_trainer(cfg, callbacks, sink, resize_interval_s=settings.resize_interval_s)
+    config = cfg.to_dict()
+    sink = ProgressSink.remote(reporter, spec, config)
+    callbacks = [RecordCheckpoints(reporter, spec, config), RecordRecovery(reporter, spec, config)]
+    trainer = build_trainer(cfg, callbacks, sink, resize_interval_s=spec.resize_interval_s)
     try:
         result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - every failure becomes data on the job
-        log.exception("job %s attempt %s failed", job_id, attempt)
-        _fail(store, job_id, attempt, exc)
+        log.exception("job %s attempt %s failed", spec.job_id, spec.attempt)
+        _fail(reporter, exc)
         return 1
     final_metrics = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     # The sink flushes the trackers' last steps before the artifact takes their files.
     ray.get(sink.close.remote())
     with result.checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as scratch:
-        manifest = artifacts.build_manifest(cfg, final_metrics, attempt)
-        adapter = with_tensorboard(cfg.artifact_root, job_id, Path(directory) / "adapter", Path(scratch))
-        path = artifacts.publish(adapter, f"{cfg.artifact_root.rstrip('/')}/{job_id}", manifest)
-    try:
-        store.transition(
-            job_id, JobStatus.succeeded, f"adapter written to {path}", expected_attempt=attempt,
-            artifact_path=str(path), result_metrics=final_metrics, step=cfg.total_steps,
-            data={"artifact_path": str(path), **final_metrics},
-        )
-    except Conflict:
-        log.warning("job %s moved on while attempt %s finished", job_id, attempt)
+        manifest = artifacts.build_manifest(cfg, final_metrics, spec.attempt)
+        adapter = with_tensorboard(cfg.artifact_root, spec.job_id, Path(directory) / "adapter", Path(scratch))
+        path = artifacts.publish(adapter, f"{cfg.artifact_root.rstrip('/')}/{spec.job_id}", manifest)
+    if not reporter.succeeded(str(path), final_metrics, cfg.total_steps):
+        log.warning("job %s moved on while attempt %s finished", spec.job_id, spec.attempt)
         return 0
     log.info("job succeeded; adapter written to %s", path)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job-id", required=True)
-    parser.add_argument("--attempt", type=int, required=True)
-    args = parser.parse_args(argv)
-    jsonlog.configure()
-    jsonlog.bind(job_id=args.job_id, attempt=args.attempt)
-    return run(args.job_id, args.attempt)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -79,7 +79,7 @@ def delivered_preemption_notice() -> Any:
     process group instead. Outside a Ray Train worker (local mode), Ray's own call answers.
     """
     try:
-        from ray.train.v2._internal.execution.context import get_train_context
+        from eft.training._ray import get_train_context
 
         return get_train_context().preemption_context.preemption_info
     except (ImportError, AttributeError, RuntimeError):

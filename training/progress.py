@@ -13,38 +13,30 @@ from typing import Any
 
 import ray
 
-from eft.service.settings import get_settings
-from eft.service.store import Store
 from eft.training import telemetry
+from eft.training.reporting import Reporter, RunSpec
 from eft.training.trackers import trackers_for
 
 
 @ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)
 class ProgressSink:
-    def __init__(self, database_url: str, job_id: str, attempt: int):
-        self.store = Store(database_url, migrate=False)
-        self.job_id, self.attempt = job_id, attempt
+    def __init__(self, reporter: Reporter, spec: RunSpec, config: dict[str, Any]):
+        self.reporter = reporter
         # The furthest step trained so far, by this attempt or an earlier one: a resume from
         # an older checkpoint trains the steps in between again (lost steps).
-        self.furthest = self.store.get_job(job_id).step
-        self.telemetry = telemetry.for_job(self.store, job_id)
+        self.furthest, self.trained_tokens = reporter.position()
+        self.telemetry = telemetry.for_run(spec, config)
         self.telemetry.last_step = self.furthest
-        latest = self.store.latest_metric_values([job_id]).get(job_id, {})
-        self.trained_tokens = float(latest.get("trained_tokens", 0.0))
-        self.trackers = trackers_for(self.store.get_job(job_id), get_settings().resolved_mlflow_tracking_uri)
+        self.trackers = trackers_for(spec, config.get("artifact_root"))
 
     def record(self, step: int, values: dict[str, Any]) -> int:
         """Store one step's metrics and move the job's step counter. Returns the step."""
         numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
         num_workers = int(numbers["world_size"]) if "world_size" in numbers else None
-        fresh = self.store.update_job(
-            self.job_id, attempt=self.attempt, step=step,
-            **({"num_workers": num_workers} if num_workers else {}),
-        )
-        if fresh:  # a stale attempt's late metrics are dropped
+        if self.reporter.step(step, num_workers):  # a stale attempt's late metrics are dropped
             self.trained_tokens += self.telemetry.step(step, numbers)
             numbers["trained_tokens"] = round(self.trained_tokens)
-            self.store.record_metrics(self.job_id, self.attempt, step, numbers)
+            self.reporter.metrics(step, numbers)
             self.furthest = max(self.furthest, step)
             for tracker in self.trackers:
                 tracker.log(step, numbers)
@@ -60,17 +52,16 @@ class ProgressSink:
         """Rank 0 restored a checkpoint at `step`. Records a `resumed` event with the steps
         that will be trained again. Returns the lost steps."""
         lost = max(0, self.furthest - step)
-        if not self.store.update_job(self.job_id, attempt=self.attempt, step=step, num_workers=world_size):
+        if not self.reporter.resumed(step, world_size):
             return lost
-        self.store.add_counts(self.job_id, lost_steps=lost)
+        self.reporter.counts(lost_steps=lost)
         self.telemetry.counts(lost_steps=lost)
-        self.store.append_event(
-            self.job_id, "resumed",
+        self.reporter.event(
+            "resumed",
             f"resumed at step {step} with {world_size} worker(s) from a {checkpoint_reason} "
             f"checkpoint; {lost} step(s) to train again",
-            data={"step": step, "world_size": world_size, "lost_steps": lost,
-                  "checkpoint_reason": checkpoint_reason, "load_seconds": round(load_seconds, 4)},
-            attempt=self.attempt,
+            {"step": step, "world_size": world_size, "lost_steps": lost,
+             "checkpoint_reason": checkpoint_reason, "load_seconds": round(load_seconds, 4)},
         )
         self.furthest = step
         self.telemetry.last_step = step

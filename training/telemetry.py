@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from eft.training.reporting import RunSpec
+
 log = logging.getLogger("eft.telemetry")
 
 #: Tags on every training metric.
@@ -101,24 +103,6 @@ def peak_flops_per_worker(use_gpu: bool, gpu_type: str | None, peak_tflops: floa
     return CPU_PEAK_TFLOPS * 1e12
 
 
-def model_flops_per_token(config: dict[str, Any]) -> float | None:
-    """FLOPs per token of a job's TrainConfig dict, from its model's config.json; None when
-    the architecture cannot be read."""
-    from eft.planner.architectures import architecture_from_config
-
-    try:
-        arch = architecture_from_config(config["model_path"])
-    except Exception:  # noqa: BLE001 - MFU is optional; a model we cannot count has none
-        return None
-    method = config.get("method", "lora")
-    lora = config.get("lora") or {}
-    trainable = arch.parameters
-    if method != "full":
-        targets = lora.get("target_modules", "all-linear")
-        trainable = arch.lora_parameters(int(lora.get("r", 8)), tuple(targets) if isinstance(targets, list) else targets)
-    return flops_per_token(method, arch.parameters, trainable)
-
-
 @lru_cache(maxsize=1)
 def _metrics() -> dict[str, Any]:
     """The metric objects of this process (Ray metrics belong to the process that made them)."""
@@ -133,12 +117,13 @@ class JobTelemetry:
     """Sets one job's training metrics. Cheap to pickle: metric objects are made on first use."""
 
     def __init__(self, job_id: str, tenant: str, job_name: str | None, config: dict[str, Any] | None = None,
-                 peak_flops: float | None = None, metrics: dict[str, Any] | None = None):
+                 peak_flops: float | None = None, metrics: dict[str, Any] | None = None,
+                 flops_per_token: float | None = None):
         self.tags = {"job_id": job_id, "tenant": tenant, "job_name": job_name or ""}
         config = config or {}
         self.global_batch_size = int(config.get("global_batch_size", 0)) or None
         self.total_steps = config.get("total_steps")
-        self.flops_per_token = model_flops_per_token(config) if config.get("model_path") else None
+        self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self.last_step: int | None = None
         #: Metric name -> object with set/inc(value, tags=...); Ray's by default.
@@ -204,14 +189,7 @@ class JobTelemetry:
             self._set("eft_train_checkpoint_size_bytes", size_bytes)
 
 
-def for_job(store: Any, job_id: str, peak_flops: float | None = None) -> JobTelemetry:
-    """The telemetry of a stored job: tags from its record, MFU inputs from its config."""
-    job = store.get_job(job_id)
-    config = {**(job.config or {}), "total_steps": job.total_steps}
-    if peak_flops is None:
-        from eft.service.settings import get_settings
-
-        settings = get_settings()
-        peak_flops = peak_flops_per_worker(bool(config.get("use_gpu")), settings.gpu_type,
-                                           settings.peak_tflops_per_worker)
-    return JobTelemetry(job_id, job.tenant, job.name, config, peak_flops)
+def for_run(spec: RunSpec, config: dict[str, Any]) -> JobTelemetry:
+    """The telemetry of one attempt: tags from its spec, MFU inputs from the spec and its config."""
+    return JobTelemetry(spec.job_id, spec.tenant, spec.name, config, spec.peak_flops,
+                        flops_per_token=spec.flops_per_token)

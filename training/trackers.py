@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eft.training import storage
+from eft.training.reporting import RunSpec
 
 
 def tensorboard_root(artifact_root: str | Path, job_id: str) -> Path:
@@ -47,7 +48,7 @@ class TensorBoardTracker:
 class MLflowTracker:
     """Step metrics to an MLflow run, through MLflow's client."""
 
-    def __init__(self, tracking_uri: str, job: Any):
+    def __init__(self, tracking_uri: str, spec: RunSpec):
         import os
 
         if tracking_uri.startswith("file:"):
@@ -56,12 +57,12 @@ class MLflowTracker:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
-        name = f"eft-{job.tenant}"
+        name = f"eft-{spec.tenant}"
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
         run = self.client.create_run(
-            experiment_id, run_name=f"{job.name or 'job'} ({job.id})",
-            tags={"eft.job_id": job.id, "eft.attempt": str(job.attempt), "eft.tenant": job.tenant},
+            experiment_id, run_name=f"{spec.name or 'job'} ({spec.job_id})",
+            tags={"eft.job_id": spec.job_id, "eft.attempt": str(spec.attempt), "eft.tenant": spec.tenant},
         )
         self.run_id = run.info.run_id
 
@@ -77,14 +78,13 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id)
 
 
-def trackers_for(job: Any, mlflow_tracking_uri: str | None = None) -> list[Any]:
-    """The trackers a stored job asked for in its request."""
-    wanted = (job.request or {}).get("trackers") or {}
+def trackers_for(spec: RunSpec, artifact_root: str | None) -> list[Any]:
+    """The trackers an attempt's spec asks for."""
     trackers: list[Any] = []
-    if wanted.get("tensorboard") and job.config:
-        trackers.append(TensorBoardTracker(job.config["artifact_root"], job.id, job.attempt))
-    if wanted.get("mlflow") and mlflow_tracking_uri:
-        trackers.append(MLflowTracker(mlflow_tracking_uri, job))
+    if spec.tensorboard and artifact_root:
+        trackers.append(TensorBoardTracker(artifact_root, spec.job_id, spec.attempt))
+    if spec.mlflow_tracking_uri:
+        trackers.append(MLflowTracker(spec.mlflow_tracking_uri, spec))
     return trackers
 
 

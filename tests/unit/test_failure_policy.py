@@ -1,8 +1,8 @@
 """The job's failure policy on Ray Train's own error types (pure logic, no cluster)."""
 
 from ray.train import FailureConfig
-from ray.train.v2._internal.execution.controller.state import PreemptingState, RunningState
-from ray.train.v2._internal.execution.failure_handling import FailureDecision
+from eft.training._ray import PreemptingState, RunningState
+from eft.training._ray import FailureDecision
 from ray.train.v2.api.exceptions import WorkerGroupError
 from ray.train.v2.api.preemption import PreemptionInfo
 

@@ -102,11 +102,14 @@ def test_tensorboard_tracker_writes_scalars_and_they_join_the_published_adapter(
 def test_mlflow_tracker_logs_a_run_per_attempt_to_a_file_store(tmp_path):
     from mlflow.tracking import MlflowClient
 
+    from eft.service.entrypoint import run_spec
+    from eft.service.settings import Settings
     from eft.training.trackers import trackers_for
 
-    job = _record(request={"trackers": {"mlflow": True}}, attempt=2)
     uri = (tmp_path / "mlruns").as_uri()
-    (tracker,) = trackers_for(job, uri)
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=uri)
+    job = _record(request={"trackers": {"mlflow": True}}, attempt=2)
+    (tracker,) = trackers_for(run_spec(job, settings), None)
     tracker.log(1, {"loss": 2.0})
     tracker.log(2, {"loss": 1.5, "eval_loss": 1.7})
     tracker.close()
@@ -115,4 +118,4 @@ def test_mlflow_tracker_logs_a_run_per_attempt_to_a_file_store(tmp_path):
     assert run.info.run_name == "demo (ftjob-x)" and run.data.tags["eft.attempt"] == "2"
     assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "loss")] == [(1, 2.0), (2, 1.5)]
     assert run.info.status == "FINISHED"
-    assert trackers_for(_record(request={}), uri) == []
+    assert trackers_for(run_spec(_record(request={}), settings), None) == []

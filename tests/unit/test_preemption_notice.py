@@ -5,8 +5,8 @@ dataclass, filled in here, so a Ray release that moves the notice fails this tes
 import dataclasses
 
 import pytest
-from ray.train.v2._internal.execution import context as train_context
-from ray.train.v2._internal.execution.preemption import PreemptionContext
+from eft.training._ray import train_context
+from eft.training._ray import PreemptionContext
 from ray.train.v2.api.preemption import PreemptionInfo
 
 from eft.training.loop import delivered_preemption_notice

@@ -9,6 +9,7 @@ import yaml
 
 from eft.service import metrics as service_metrics
 from eft.planner.architectures import architecture_from_config
+from eft.service.entrypoint import model_flops_per_token
 from eft.training import telemetry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,12 +24,12 @@ def test_flops_per_token_is_6n_full_and_4n_plus_6p_lora():
 
 def test_model_flops_per_token_reads_the_model_config():
     arch = architecture_from_config(TINY)
-    full = telemetry.model_flops_per_token({"model_path": str(TINY), "method": "full"})
-    lora = telemetry.model_flops_per_token({"model_path": str(TINY), "method": "lora",
-                                            "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}})
+    full = model_flops_per_token({"model_path": str(TINY), "method": "full"})
+    lora = model_flops_per_token({"model_path": str(TINY), "method": "lora",
+                                  "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}})
     assert full == 6 * arch.parameters
     assert lora == 4 * arch.parameters + 6 * arch.lora_parameters(4, ("q_proj", "v_proj"))
-    assert telemetry.model_flops_per_token({"model_path": "/nonexistent"}) is None
+    assert model_flops_per_token({"model_path": "/nonexistent"}) is None
 
 
 def test_peak_flops_setting_wins_then_gpu_type_then_cpu_default():

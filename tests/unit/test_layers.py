@@ -1,0 +1,118 @@
+"""Imports between the packages point one way (docs/architecture.md, "Layers"):
+
+    api -> service -> training          api, service -> eft.types, eft.planner
+    the client (eft) imports only itself; training imports nothing first-party
+
+Every import counts: module-level, inside functions, `importlib.import_module("...")`,
+`__import__("...")`, and string literals that name a module (`"eft.api.deployment:app"`,
+`python -m eft.service.entrypoint`).
+
+Run: .venv/bin/python -m pytest tests/unit/test_layers.py -q
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+#: Repository folder -> the package it installs as.
+FOLDERS = {"api": "eft.api", "service": "eft.service", "training": "eft.training", "eft": "eft"}
+#: Layer -> the layers it may import.
+ALLOWED = {
+    "api": {"api", "service", "training", "types", "planner", "client"},
+    "service": {"service", "training", "types", "planner"},
+    "training": {"training"},
+    "client": {"client", "types", "planner"},
+    "types": {"types"},
+    "planner": {"planner"},
+}
+MODULE_NAME = re.compile(r"(?:^|\s|-m\s+)(eft(?:\.\w+)+)(?::\w+)?(?=\s|$)")
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a first-party module name, None for anything else."""
+    parts = module.split(".")
+    if parts[0] != "eft":
+        return None
+    second = parts[1] if len(parts) > 1 else ""
+    return {"api": "api", "service": "service", "training": "training",
+            "types": "types", "planner": "planner"}.get(second, "client")
+
+
+def module_of(path: Path, root: Path) -> str:
+    relative = path.relative_to(root).with_suffix("")
+    folder, *rest = relative.parts
+    parts = [FOLDERS[folder], *rest]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, module) for every module `path` imports or names, however it does it."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.append((node.lineno, base))
+            # `from eft import service` imports the subpackage eft.service.
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names
+                      if layer_of(f"{base}.{alias.name}") not in (None, layer_of(base))]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                found.append((node.lineno, node.args[0].value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # Only names of the server's packages: "eft.<anything>" is also a logger name.
+            found += [(node.lineno, m) for m in MODULE_NAME.findall(node.value)
+                      if layer_of(m) not in (None, "client")]
+    return found
+
+
+def violations(root: Path) -> list[str]:
+    """Every import in the packages under `root` that points against the layers."""
+    wrong: set[str] = set()
+    for folder in FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            module = module_of(path, root)
+            source = layer_of(module)
+            for line, target in imported_names(path, module):
+                target_layer = layer_of(target)
+                if target_layer is not None and target_layer not in ALLOWED[source]:
+                    wrong.add(f"{path.relative_to(root)}:{line}: {source} imports {target}")
+    return sorted(wrong)
+
+
+def test_every_import_points_down_the_layers():
+    assert violations(REPO) == []
+
+
+def test_an_import_against_the_layers_is_caught(tmp_path):
+    """The check itself can fail: one wrong arrow of each kind in a copy of the layout."""
+    for folder in FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "training" / "driver.py").write_text(
+        "def run():\n    from eft.service.store import Store\n")
+    (tmp_path / "service" / "jobs.py").write_text("from eft.api.app import create_app\n")
+    (tmp_path / "eft" / "cli.py").write_text(
+        "import importlib\nlocal = importlib.import_module('eft.api.local')\n")
+    (tmp_path / "training" / "loop.py").write_text("from eft.types import JobStatus\n")
+    (tmp_path / "service" / "launcher.py").write_text(
+        "ENTRY = 'python -m eft.api.deployment'\nfrom . import store\n")
+    assert violations(tmp_path) == [
+        "eft/cli.py:2: client imports eft.api.local",
+        "service/jobs.py:1: service imports eft.api.app",
+        "service/launcher.py:1: service imports eft.api.deployment",
+        "training/driver.py:2: training imports eft.service.store",
+        "training/loop.py:1: training imports eft.types",
+    ]
