@@ -27,8 +27,6 @@ from eft.api.routes import metrics as metrics_routes
 from eft.api.routes import ui as ui_routes
 from eft.service import jsonlog
 from eft.service.auth import KeyStore
-from eft.service.files import FileStore
-from eft.service.idempotency import Idempotency
 from eft.service.errors import Problem, RequestInvalid, ServiceError
 from eft.service.jobs import JobService
 from eft.service.settings import Settings
@@ -141,8 +139,7 @@ def create_app(job_service: JobService) -> FastAPI:
     )
     app.state.job_service = job_service
     app.state.keys = KeyStore(job_service.store.engine, settings.admin_api_key, settings.admin_tenant)
-    app.state.idempotency = Idempotency(job_service.store.engine)
-    app.state.files = FileStore(job_service.store.engine, settings)
+    app.state.files = job_service.files
 
     @app.middleware("http")
     async def request_id(request: Request, call_next):  # noqa: ANN001, ANN202

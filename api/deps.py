@@ -35,7 +35,7 @@ def get_principal(
 
 
 def get_idempotency(request: Request) -> Idempotency:
-    return request.app.state.idempotency
+    return request.app.state.job_service.idempotency
 
 
 def get_tenant(principal: Annotated[Principal, Depends(get_principal)]) -> str | None:

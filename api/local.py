@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 
-from eft.api.serve_config import APP_NAME
 from eft.service.settings import Settings, get_settings
 
 RAY_DASHBOARD_PORT = 8265

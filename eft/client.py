@@ -39,6 +39,7 @@ from eft.types.jobs import (
     JobEventList,
     JobList,
     JobLogs,
+    JobMetric,
     JobMetricList,
     JobStatus,
     Plan,
@@ -58,7 +59,7 @@ MAX_RETRY_DELAY_S = 8.0
 MAX_RETRY_AFTER_S = 60.0  # a longer Retry-After is more likely a misconfiguration than advice
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
-ProgressCallback = Callable[[Job, "JobMetric | None"], Any]
+ProgressCallback = Callable[[Job, JobMetric | None], Any]
 M = TypeVar("M", bound=BaseModel)
 
 

@@ -1,7 +1,9 @@
-"""Job operations behind the REST API: create, read, list, cancel, events, metrics.
+"""The job manager: the one home of the rules of a job, behind every route (`/jobs` and `/v1`).
 
-Route functions in `api/routes/` stay small and call these; everything here works on the
-store and the launcher, and returns wire models.
+Route functions in `api/routes/` stay small and call these once; everything here works on the
+store and the launcher, and returns wire models. Creating a job is one call, `JobService.create`:
+tenant checks on file ids, quotas, the request's checks and its plan, and replay of a repeated
+`Idempotency-Key`, in that order.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from eft.types.jobs import (
     JobMetricList,
     JobStatus,
 )
+from eft.service.auth import Principal
 from eft.service.errors import Conflict
+from eft.service.file_checks import check_job_files
+from eft.service.files import FileStore
+from eft.service.idempotency import Idempotency, request_digest
 from eft.service.launcher import Launcher
 from eft.service.progress import progress_fields
+from eft.service.quotas import check_quota
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store
 from eft.service.validation import check_request
@@ -59,29 +66,37 @@ CANCEL_TRIES = 5
 
 class JobService:
     def __init__(self, store: Store, launcher: Launcher, settings: Settings,
-                 on_created: Callable[[], None] | None = None):
+                 on_created: Callable[[], None] | None = None,
+                 files: FileStore | None = None, idempotency: Idempotency | None = None):
         self.store, self.launcher, self.settings = store, launcher, settings
         #: Called after a job is stored (the replica's scheduler wakes to validate it).
         self.on_created = on_created
+        self.files = files or FileStore(store.engine, settings)
+        self.idempotency = idempotency or Idempotency(store.engine)
 
-    def create(self, req: JobCreate, tenant: str, idempotency_key: str | None = None) -> tuple[Job, bool]:
-        """Check the request and store the job as `validating`.
+    def create(self, req: JobCreate, principal: Principal, idempotency_key: str | None = None, *,
+               endpoint: str = "POST /jobs", body: Any = None) -> tuple[Job, bool]:
+        """Create a job for `principal`, once per `idempotency_key`: a repeat with the same
+        `body` (the request as the route received it; `req` when not given) returns the first
+        job, with another body it is a 409.
 
-        Returns (job, created); created is False for a repeated idempotency key.
-        Raises RequestInvalid listing every problem; nothing is stored then.
+        Returns (job, created now). Raises RequestInvalid listing every problem, QuotaExceeded
+        over a tenant limit, Conflict for a reused key; nothing is stored then.
         """
-        if idempotency_key:
-            existing = self.store.find_by_idempotency_key(tenant, idempotency_key)
-            if existing is not None:
-                return to_wire(existing), False
-        check_request(req, self.settings)
-        record, created = self.store.create_job(
-            tenant=tenant, request=req.model_dump(mode="json"), name=req.name,
-            idempotency_key=idempotency_key,
-        )
-        if created and self.on_created is not None:
-            self.on_created()
-        return to_wire(record), created
+
+        def create_once() -> str:
+            check_job_files(req, principal.scope, self.files)
+            check_quota(self.store, principal.tenant, req, self.settings)
+            inputs = check_request(req, self.settings)
+            record = self.store.create_job(tenant=principal.tenant, request=req.model_dump(mode="json"),
+                                           name=req.name, plan=inputs.choice.to_dict())
+            if self.on_created is not None:
+                self.on_created()
+            return record.id
+
+        digest = request_digest((body if body is not None else req).model_dump(mode="json"))
+        job_id, created = self.idempotency.run(principal.tenant, idempotency_key, endpoint, digest, create_once)
+        return self.get(job_id, principal.tenant), created
 
     def get(self, job_id: str, tenant: str) -> Job:
         job = self.store.get_job(job_id, tenant)

@@ -28,7 +28,7 @@ from eft.training.config import TrainConfig
 
 log = logging.getLogger("eft.scheduler")
 
-Validator = Callable[[str, dict[str, Any], Settings], tuple[Any, dict[str, Any]]]
+Validator = Callable[[JobRecord, Settings], tuple[Any, dict[str, Any]]]
 ACTIVE = (JobStatus.running, JobStatus.cancelling)
 MAX_DISPATCH_FAILURES = 3
 
@@ -85,7 +85,7 @@ class Scheduler:
         from eft.training.errors import TrainingUserError
 
         try:
-            config, stats = self.validate(job.id, job.request, self.settings)
+            config, stats = self.validate(job, self.settings)
         except TrainingUserError as exc:
             self._safe_transition(job, JobStatus.failed, exc.message, error_code=exc.code,
                                   error_message=exc.message, error_param=exc.param)

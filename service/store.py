@@ -50,12 +50,12 @@ jobs = sa.Table(
     sa.Column("preemptions", sa.Integer, nullable=False, default=0),
     sa.Column("resizes", sa.Integer, nullable=False, default=0),
     sa.Column("lost_steps", sa.Integer, nullable=False, default=0),
-    sa.Column("idempotency_key", sa.String(256)),
+    #: The planner's choice, made once when the job is accepted (validation.Choice as a dict).
+    sa.Column("plan", sa.JSON),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("started_at", sa.DateTime(timezone=True)),
     sa.Column("finished_at", sa.DateTime(timezone=True)),
-    sa.UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
 )
 
 job_events = sa.Table(
@@ -137,7 +137,7 @@ class JobRecord:
     preemptions: int
     resizes: int
     lost_steps: int
-    idempotency_key: str | None
+    plan: dict[str, Any] | None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
@@ -194,43 +194,21 @@ class Store:
         tenant: str,
         request: dict[str, Any],
         name: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[JobRecord, bool]:
-        """Insert a job in `validating` with its `created` event.
-
-        Returns (job, created). With an idempotency key already used by this tenant, returns
-        the existing job and created=False.
-        """
-        if idempotency_key:
-            existing = self.find_by_idempotency_key(tenant, idempotency_key)
-            if existing:
-                return existing, False
+        plan: dict[str, Any] | None = None,
+    ) -> JobRecord:
+        """Insert a job in `validating` with its `created` event and the planner's choice.
+        (Repeated creates are told apart before this, by service/idempotency.py.)"""
         now = utcnow()
         job_id = new_job_id()
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    jobs.insert().values(
-                        id=job_id, tenant=tenant, name=name, status=JobStatus.validating.value,
-                        request=request, attempt=0, step=0, idempotency_key=idempotency_key,
-                        created_at=now, updated_at=now,
-                    )
+        with self.engine.begin() as conn:
+            conn.execute(
+                jobs.insert().values(
+                    id=job_id, tenant=tenant, name=name, status=JobStatus.validating.value,
+                    request=request, plan=plan, attempt=0, step=0, created_at=now, updated_at=now,
                 )
-                self._insert_event(conn, job_id, 0, "created", "info", "job created", {})
-        except sa.exc.IntegrityError:
-            # Two concurrent requests with one key: the loser returns the winner's job.
-            existing = self.find_by_idempotency_key(tenant, idempotency_key or "")
-            if existing:
-                return existing, False
-            raise
-        return self.get_job(job_id), True
-
-    def find_by_idempotency_key(self, tenant: str, key: str) -> JobRecord | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                jobs.select().where(jobs.c.tenant == tenant, jobs.c.idempotency_key == key)
-            ).first()
-        return JobRecord.from_row(row) if row else None
+            )
+            self._insert_event(conn, job_id, 0, "created", "info", "job created", {})
+        return self.get_job(job_id)
 
     def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord:
         """Returns the job. Raises JobNotFound, also for another tenant's job."""

@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eft.types.jobs import Cluster, JobCreate, LoraMethod
 from eft.service.errors import Problem, RequestInvalid
@@ -25,6 +25,9 @@ from eft.service.files import FILE_ID, uploaded_path
 from eft.service.settings import Settings
 from eft.training.config import LoraSpec, TrainConfig, steps_for
 from eft.training.formats import ScanResult, scan_jsonl
+
+if TYPE_CHECKING:
+    from eft.service.store import JobRecord
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
@@ -45,6 +48,13 @@ class Choice:
     attention: str
     precision: str
     predicted_memory_gb: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Choice:
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -165,8 +175,9 @@ def _tokenizer(model_path: str, _signature: tuple[tuple[str, int, int], ...]) ->
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def check_request(req: JobCreate, settings: Settings) -> ResolvedInputs:
-    """Every check that needs no tokenizer. Returns resolved inputs; raises RequestInvalid."""
+def check_request(req: JobCreate, settings: Settings, choice: Choice | None = None) -> ResolvedInputs:
+    """Every check that needs no tokenizer, and the plan (`choice` when the job already has
+    one). Returns resolved inputs; raises RequestInvalid."""
     problems: list[Problem] = []
     model_path = resolve_model(req.model, settings, problems)
     train = resolve_dataset(req.training_file, "training_file", settings, problems)
@@ -195,7 +206,7 @@ def check_request(req: JobCreate, settings: Settings) -> ResolvedInputs:
     if problems:
         raise RequestInvalid(problems=problems)
     assert model_path is not None and train is not None
-    return ResolvedInputs(model_path, train, valid, choose_configuration(req, settings))
+    return ResolvedInputs(model_path, train, valid, choice or choose_configuration(req, settings))
 
 
 def check_optimizations(req: JobCreate) -> list[Problem]:
@@ -321,8 +332,9 @@ def build_train_config(
     )
 
 
-def validate_job(job_id: str, request: dict[str, Any], settings: Settings) -> tuple[TrainConfig, dict[str, Any]]:
-    """Tokenize the job's data and build its training config.
+def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[str, Any]]:
+    """Tokenize the job's data and build its training config with the plan made when the job
+    was accepted (a job stored without one is planned now).
 
     Returns (config, stats for the `validated` event). Raises RequestInvalid if the inputs
     changed since the request was accepted, or TrainingUserError for data that cannot train.
@@ -331,8 +343,8 @@ def validate_job(job_id: str, request: dict[str, Any], settings: Settings) -> tu
     from eft.training.datacache import load_examples_cached
     from eft.training.errors import TrainingUserError
 
-    req = JobCreate.model_validate(request)
-    inputs = check_request(req, settings)
+    req = JobCreate.model_validate(job.request)
+    inputs = check_request(req, settings, Choice.from_dict(job.plan) if job.plan else None)
     tokenizer = _tokenizer(str(inputs.model_path), _tokenizer_signature(inputs.model_path))
     max_len = req.hyperparameters.max_seq_len
     try:
@@ -351,4 +363,4 @@ def validate_job(job_id: str, request: dict[str, Any], settings: Settings) -> tu
         "truncated_examples": sum(1 for n in lengths if n >= max_len),
         "loss_tokens": sum(e.loss_tokens for e in train),
     }
-    return build_train_config(job_id, req, inputs, len(train), settings), stats
+    return build_train_config(job.id, req, inputs, len(train), settings), stats

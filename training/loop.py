@@ -30,7 +30,7 @@ import ray.train.torch
 
 from eft.training import checkpoint
 from eft.training.config import TrainConfig
-from eft.training.data import DataError, Example, collate, global_batch_indices, shard_for_rank
+from eft.training.data import DataError, collate, global_batch_indices, shard_for_rank
 from eft.training.datacache import load_examples_cached
 from eft.training.errors import TrainingUserError
 from eft.training.model import load_trainable_model

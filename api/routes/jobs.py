@@ -6,18 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
-from eft.api.deps import (
-    CurrentPrincipal,
-    CurrentTenant,
-    IdempotencyDep,
-    IdempotencyKey,
-    JobServiceDep,
-)
+from eft.api.deps import CurrentPrincipal, CurrentTenant, IdempotencyKey, JobServiceDep
 from eft.types.jobs import Job, JobCreate, JobEventList, JobList, JobMetricList, JobStatus
-from eft.api.routes.files import FilesDep
-from eft.service.file_checks import check_job_files
-from eft.service.idempotency import request_digest
-from eft.service.quotas import check_quota
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -29,25 +19,14 @@ def create_job(
     service: JobServiceDep,
     principal: CurrentPrincipal,
     response: Response,
-    idempotency: IdempotencyDep,
-    files: FilesDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Job:
     """Create a fine-tuning job. A repeated `Idempotency-Key` with the same body returns the
     first job (200); with another body, 409."""
-
-    def create() -> str:
-        check_job_files(body, principal.scope, files)
-        check_quota(service.store, principal.tenant, body, service.settings)
-        return service.create(body, principal.tenant, idempotency_key)[0].id
-
-    job_id, created = idempotency.run(
-        principal.tenant, idempotency_key, "POST /jobs", request_digest(body.model_dump(mode="json")),
-        create,
-    )
+    job, created = service.create(body, principal, idempotency_key)
     if not created:
         response.status_code = 200
-    return service.get(job_id, principal.tenant)
+    return job
 
 
 @router.get("", response_model=JobList)

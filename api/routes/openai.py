@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query
 
-from eft.api.deps import CurrentPrincipal, CurrentTenant, IdempotencyDep, IdempotencyKey, JobServiceDep
+from eft.api.deps import CurrentPrincipal, CurrentTenant, IdempotencyKey, JobServiceDep
 from eft.types.openai import (
     FineTuningJob,
     FineTuningJobCheckpointList,
@@ -16,10 +16,6 @@ from eft.types.openai import (
     FineTuningJobEventList,
     FineTuningJobList,
 )
-from eft.api.routes.files import FilesDep
-from eft.service.file_checks import check_job_files
-from eft.service.idempotency import request_digest
-from eft.service.quotas import check_quota
 from eft.service.openai_compat import (
     event_number,
     to_job_create,
@@ -40,22 +36,12 @@ def create_fine_tuning_job(
     body: FineTuningJobCreate,
     service: JobServiceDep,
     principal: CurrentPrincipal,
-    idempotency: IdempotencyDep,
-    files: FilesDep,
-    response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> FineTuningJob:
     """Create a job (OpenAI's request); answers 200 with the job, as OpenAI does."""
-    request = to_job_create(body)
-
-    def create() -> str:
-        check_job_files(request, principal.scope, files)
-        check_quota(service.store, principal.tenant, request, service.settings)
-        return service.create(request, principal.tenant, idempotency_key)[0].id
-
-    job_id, _ = idempotency.run(principal.tenant, idempotency_key, "POST /v1/fine_tuning/jobs",
-                                request_digest(body.model_dump(mode="json")), create)
-    return to_openai_job(service.get(job_id, principal.tenant), principal.tenant)
+    job, _ = service.create(to_job_create(body), principal, idempotency_key,
+                            endpoint="POST /v1/fine_tuning/jobs", body=body)
+    return to_openai_job(job, principal.tenant)
 
 
 @router.get("", response_model=FineTuningJobList)

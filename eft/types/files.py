@@ -4,7 +4,7 @@ reuses them). A file object has the same shape on `/files` and on the OpenAI-com
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -9,7 +9,6 @@ Only processes these tests started are ended, by pid.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys

@@ -209,6 +209,27 @@ def test_forced_options_are_kept_and_auto_is_planned(client, data):
     assert qlora.strategy == "ddp"
 
 
+def test_the_job_is_planned_once_when_accepted_and_validated_with_that_plan(client, data):
+    """The plan made on the request is stored with the job; validation builds the training
+    config from it instead of planning again (here the stored plan is changed underneath: the
+    config follows the stored one)."""
+    import sqlalchemy as sa
+
+    from eft.service.store import jobs
+    from eft.service.validation import validate_job
+
+    service = client.app.state.job_service
+    job = client.post("/jobs", json={"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT] * 4)}).json()
+    stored = service.store.get_job(job["id"])
+    assert stored.plan and stored.plan["strategy"] in ("ddp", "zero1", "zero2", "zero3", "fsdp")
+    other = {**stored.plan, "strategy": "zero3" if stored.plan["strategy"] != "zero3" else "ddp",
+             "predicted_memory_gb": 0.123}
+    with service.store.engine.begin() as conn:
+        conn.execute(sa.update(jobs).where(jobs.c.id == job["id"]).values(plan=other))
+    config, _ = validate_job(service.store.get_job(job["id"]), service.settings)
+    assert (config.strategy, config.predicted_memory_gb) == (other["strategy"], 0.123)
+
+
 def test_recovery_and_elastic_options_are_checked_and_kept(client, data):
     train = data("train.jsonl", [CHAT] * 3)
     bad = client.post("/jobs", json={

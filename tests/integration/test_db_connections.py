@@ -15,7 +15,7 @@ from tests.conftest import POSTGRES_URL
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_store_reconnects_after_the_server_drops_its_connections(database_url):
     store = Store(database_url)
-    job, _ = store.create_job(tenant="t", request={"model": "m"})
+    job = store.create_job(tenant="t", request={"model": "m"})
     with store.engine.connect() as conn:  # the store's pooled connection, by backend pid
         pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
     admin = sa.create_engine(POSTGRES_URL)

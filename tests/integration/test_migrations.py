@@ -8,6 +8,7 @@ to the store without a migration fails here. A database created before migration
 from __future__ import annotations
 
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
@@ -39,18 +40,22 @@ def test_migrations_build_exactly_the_stores_schema(database_url):
 
 def test_a_database_from_create_all_is_stamped_and_upgraded_with_its_rows(database_url):
     engine = make_engine(database_url)
-    # How the store created its schema before migrations, with the tables it had then.
-    first_release = ["jobs", "job_events", "job_metrics", "checkpoints"]
-    metadata.create_all(engine, tables=[metadata.tables[name] for name in first_release])
-    old = Store(database_url, migrate=False)
-    job, _ = old.create_job(tenant="t", request={"model": "m"}, name="kept")
-    old.close()
+    # How the store created its schema before migrations: the first revision's tables, no
+    # revision recorded.
+    with engine.connect() as conn:
+        command.upgrade(migrations.config(conn), migrations.FIRST_REVISION)
+        conn.execute(sa.text("DROP TABLE alembic_version"))
+        conn.execute(sa.text("INSERT INTO jobs (id, tenant, name, status, request, attempt, step, restarts, "
+                             "preemptions, resizes, lost_steps, created_at, updated_at) VALUES "
+                             "('ftjob-kept', 't', 'kept', 'queued', '{\"model\": \"m\"}', 0, 0, 0, 0, 0, 0, "
+                             "'2026-01-01 00:00:00', '2026-01-01 00:00:00')"))
+        conn.commit()
     assert _revision(engine) is None
 
     store = Store(database_url)  # the service's start
     assert _revision(engine) == migrations.head()
     assert _differences(engine) == []
-    assert store.get_job(job.id).name == "kept"
+    assert store.get_job("ftjob-kept").name == "kept"
     store.close()
     engine.dispose()
 

@@ -84,8 +84,8 @@ def test_latest_metric_values_takes_each_jobs_newest_row(database_url):
 
     store = Store(database_url)
     try:
-        a, _ = store.create_job(tenant="t", request={}, name=None, idempotency_key=None)
-        b, _ = store.create_job(tenant="t", request={}, name=None, idempotency_key=None)
+        a = store.create_job(tenant="t", request={}, name=None)
+        b = store.create_job(tenant="t", request={}, name=None)
         store.record_metrics(a.id, 1, 1, {"loss": 2.0, "trained_tokens": 10})
         store.record_metrics(a.id, 1, 2, {"loss": 1.5, "trained_tokens": 20})
         store.record_metrics(b.id, 1, 1, {"loss": 3.0})

@@ -45,8 +45,8 @@ class RecordingLauncher:
         return "driver log tail"
 
 
-def validate_ok(job_id, request, settings):
-    cfg = TrainConfig(job_id=job_id, model_path="m", training_file="t", validation_file=None,
+def validate_ok(job, settings):
+    cfg = TrainConfig(job_id=job.id, model_path="m", training_file="t", validation_file=None,
                       method="lora", lora=None, total_steps=5, num_train_examples=10)
     return cfg, {"train_examples": 10}
 
@@ -63,7 +63,7 @@ def _scheduler(store, launcher, **settings):
 
 
 def _queued(store, tenant="t", n=1):
-    jobs = [store.create_job(tenant=tenant, request=REQUEST)[0] for _ in range(n)]
+    jobs = [store.create_job(tenant=tenant, request=REQUEST) for _ in range(n)]
     return jobs
 
 
@@ -144,8 +144,8 @@ def test_restart_budget_comes_from_the_job(store):
     launcher = RecordingLauncher()
     job, = _queued(store)
 
-    def validate_no_restarts(job_id, request, settings):
-        cfg, stats = validate_ok(job_id, request, settings)
+    def validate_no_restarts(job, settings):
+        cfg, stats = validate_ok(job, settings)
         return dataclasses.replace(cfg, max_restarts=0), stats
 
     scheduler = Scheduler(store, launcher, Settings(), validate_no_restarts)
@@ -170,7 +170,7 @@ def test_cancelling_job_is_stopped_and_settled(store):
 def test_user_error_in_validation_fails_without_dispatch(store):
     from eft.training.errors import TrainingUserError
 
-    def validate_bad(job_id, request, settings):
+    def validate_bad(job, settings):
         raise TrainingUserError("user_error.invalid_data", "t.jsonl line 3: record: too long", "training_file")
 
     launcher = RecordingLauncher()
@@ -264,9 +264,9 @@ def test_a_slow_validation_never_requeues_a_job_another_replica_dispatched(store
     job, = _queued(store)
     first = _scheduler(store, launcher)
 
-    def validate_slowly(job_id, request, settings):
+    def validate_slowly(job, settings):
         first.tick()  # A: validating -> queued -> running, attempt 1, submitted
-        return validate_ok(job_id, request, settings)
+        return validate_ok(job, settings)
 
     second = Scheduler(store, launcher, Settings(), validate_slowly)
     second.tick()

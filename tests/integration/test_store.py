@@ -19,14 +19,14 @@ def store(database_url):
 
 
 def test_create_starts_validating_with_an_event(store):
-    job, created = store.create_job(tenant="t1", request=REQUEST, name="n")
-    assert created and job.status is JobStatus.validating and job.id.startswith("ftjob-")
+    job = store.create_job(tenant="t1", request=REQUEST, name="n")
+    assert job.status is JobStatus.validating and job.id.startswith("ftjob-")
     events, _ = store.list_events(job.id)
     assert [e.type for e in events] == ["created"]
 
 
 def test_transition_updates_fields_and_appends_event(store):
-    job, _ = store.create_job(tenant="t1", request=REQUEST)
+    job = store.create_job(tenant="t1", request=REQUEST)
     store.transition(job.id, JobStatus.queued, "ok", total_steps=7, data={"n": 3})
     job = store.transition(job.id, JobStatus.running, "go", attempt=1)
     assert (job.status, job.attempt, job.total_steps) == (JobStatus.running, 1, 7)
@@ -39,7 +39,7 @@ def test_transition_updates_fields_and_appends_event(store):
 
 
 def test_forbidden_transition_changes_nothing(store):
-    job, _ = store.create_job(tenant="t1", request=REQUEST)
+    job = store.create_job(tenant="t1", request=REQUEST)
     with pytest.raises(IllegalTransition):
         store.transition(job.id, JobStatus.succeeded)
     assert store.get_job(job.id).status is JobStatus.validating
@@ -47,7 +47,7 @@ def test_forbidden_transition_changes_nothing(store):
 
 
 def test_stale_attempt_is_fenced_off(store):
-    job, _ = store.create_job(tenant="t1", request=REQUEST)
+    job = store.create_job(tenant="t1", request=REQUEST)
     store.transition(job.id, JobStatus.queued)
     store.transition(job.id, JobStatus.running, attempt=2)
     with pytest.raises(Conflict):
@@ -57,22 +57,22 @@ def test_stale_attempt_is_fenced_off(store):
 
 
 def test_tenants_do_not_see_each_other(store):
-    job, _ = store.create_job(tenant="t1", request=REQUEST)
+    job = store.create_job(tenant="t1", request=REQUEST)
     with pytest.raises(JobNotFound):
         store.get_job(job.id, tenant="t2")
     assert store.list_jobs(tenant="t2")[0] == []
 
 
-def test_idempotency_key_returns_the_first_job(store):
-    first, created = store.create_job(tenant="t1", request=REQUEST, idempotency_key="k")
-    again, created_again = store.create_job(tenant="t1", request=REQUEST, idempotency_key="k")
-    assert created and not created_again and again.id == first.id
-    other, created_other = store.create_job(tenant="t2", request=REQUEST, idempotency_key="k")
-    assert created_other and other.id != first.id
+def test_the_plan_made_at_acceptance_is_kept_with_the_job(store):
+    plan = {"strategy": "ddp", "offload": "none", "gradient_checkpointing": False,
+            "attention": "sdpa", "precision": "fp32", "predicted_memory_gb": 1.5}
+    job = store.create_job(tenant="t1", request=REQUEST, plan=plan)
+    assert store.get_job(job.id).plan == plan
+    assert store.create_job(tenant="t1", request=REQUEST).plan is None
 
 
 def test_cursor_pagination_newest_first(store):
-    ids = [store.create_job(tenant="t", request=REQUEST)[0].id for _ in range(5)]
+    ids = [store.create_job(tenant="t", request=REQUEST).id for _ in range(5)]
     page1, more1 = store.list_jobs(tenant="t", limit=2)
     page2, more2 = store.list_jobs(tenant="t", limit=2, after=page1[-1].id)
     page3, more3 = store.list_jobs(tenant="t", limit=2, after=page2[-1].id)
@@ -81,7 +81,7 @@ def test_cursor_pagination_newest_first(store):
 
 
 def test_metrics_merge_reports_of_a_step_latest_winning(store):
-    job, _ = store.create_job(tenant="t", request=REQUEST)
+    job = store.create_job(tenant="t", request=REQUEST)
     store.record_metrics(job.id, 1, 1, {"loss": 3.0})
     store.record_metrics(job.id, 1, 2, {"loss": 2.0})
     store.record_metrics(job.id, 2, 2, {"loss": 2.5})  # attempt 2 re-ran step 2
@@ -93,7 +93,7 @@ def test_metrics_merge_reports_of_a_step_latest_winning(store):
 
 def test_store_survives_restart_with_jobs_and_events(database_url):
     first = Store(database_url)
-    job, _ = first.create_job(tenant="t", request=REQUEST, name="keep me")
+    job = first.create_job(tenant="t", request=REQUEST, name="keep me")
     first.transition(job.id, JobStatus.queued, "validated", data={"train_examples": 10})
     first.record_metrics(job.id, 0, 1, {"loss": 1.0})
     first.close()
