@@ -20,7 +20,7 @@ from rich.text import Text
 from eft import planner
 from eft._config import model_roots
 from eft.cli import AsJson, CliError, MethodName, StrategyName, _client, _emit_json, out
-from eft.types.jobs import Plan, PlanCandidate, PlanRequest
+from eft.types.plans import Plan, PlanCandidate, PlanRequest
 
 def _local_architecture(model: str) -> planner.Architecture:
     """A known name, a model directory or config.json path, or a model under an allowed root."""

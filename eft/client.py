@@ -42,9 +42,8 @@ from eft.types.jobs import (
     JobMetric,
     JobMetricList,
     JobStatus,
-    Plan,
-    PlanRequest,
 )
+from eft.types.plans import Plan, PlanRequest
 from eft._config import read_config
 from eft._errors import APIConnectionError, APITimeoutError, WaitTimeoutError, status_error
 

@@ -20,10 +20,10 @@ from eft.service.store import Store
 WAIT_POLL_S = 1.0
 
 
-def sse(data: str, event: str | None = None) -> str:
-    """One server-sent event; multi-line data becomes several `data:` fields."""
-    head = f"event: {event}\n" if event else ""
-    return head + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n"
+def parse_event_id(value: str | None) -> tuple[int, int] | None:
+    """(attempt, line) of a `Last-Event-ID` this stream sent (`<attempt>:<line>`), else None."""
+    attempt, _, line = (value or "").partition(":")
+    return (int(attempt), int(line)) if attempt.isdigit() and line.isdigit() else None
 
 
 class JobLogs:
@@ -53,39 +53,53 @@ class JobLogs:
         return {"object": "fine_tuning.job.logs", "job_id": job_id, "attempt": attempt,
                 "ray_submission_id": submission_id, "data": text}
 
-    async def follow(self, job_id: str, tenant: str, attempt: int | None = None) -> AsyncIterator[str]:
-        """Server-sent events: `data:` per log line of each attempt as it runs (the given one
-        only, when `attempt` is set), `attempt` when one starts, and `end` with the final
-        status once the job is over. Raises JobNotFound before the first event."""
+    async def follow(self, job_id: str, tenant: str, attempt: int | None = None,
+                     last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Server-sent events, as dicts for sse-starlette: one event per log line of each
+        attempt as it runs (the given one only, when `attempt` is set), with the id
+        `<attempt>:<line>`; `attempt` when one starts, and `end` with the final status once the
+        job is over. A reconnect that sends `Last-Event-ID` resumes after that line. Raises
+        JobNotFound before the first event."""
         self.store.get_job(job_id, tenant)
         if attempt is not None:
             self._submission(job_id, tenant, attempt)
-        return self._events(job_id, tenant, attempt)
+        return self._events(job_id, tenant, attempt, parse_event_id(last_event_id))
 
-    async def _events(self, job_id: str, tenant: str, only_attempt: int | None) -> AsyncIterator[str]:
+    async def _events(self, job_id: str, tenant: str, only_attempt: int | None,
+                      resume: tuple[int, int] | None) -> AsyncIterator[dict[str, Any]]:
         followed: set[str] = set()
         while True:
             job = await asyncio.to_thread(self.store.get_job, job_id, tenant)
-            submission_id = (submission_id_for(job_id, only_attempt) if only_attempt
-                             else job.submission_id)
+            number = only_attempt or job.attempt
+            submission_id = submission_id_for(job_id, number) if only_attempt else job.submission_id
+            if resume is not None and number < resume[0]:
+                followed.add(submission_id or "")  # an attempt the reader has seen to its end
             if submission_id and submission_id not in followed:
                 followed.add(submission_id)
-                yield sse(json.dumps({"attempt": only_attempt or job.attempt,
-                                      "ray_submission_id": submission_id}), event="attempt")
-                try:
-                    async for chunk in self.launcher.client.tail_job_logs(submission_id):
-                        for line in chunk.splitlines():
-                            yield sse(line)
-                except Exception as exc:  # noqa: BLE001 - Ray lost the attempt; say so, go on
-                    yield sse(json.dumps({"ray_submission_id": submission_id,
-                                          "message": f"logs unavailable: {exc}"}), event="error")
+                skip = resume[1] if resume is not None and resume[0] == number else 0
+                yield {"event": "attempt", "data": json.dumps({"attempt": number, "ray_submission_id": submission_id})}
+                async for event in self._attempt_lines(submission_id, number, skip):
+                    yield event
                 if only_attempt:
                     job = await asyncio.to_thread(self.store.get_job, job_id, tenant)
-                    yield sse(json.dumps({"status": job.status.value}), event="end")
+                    yield {"event": "end", "data": json.dumps({"status": job.status.value})}
                     return
                 continue
             if job.status.is_terminal:
-                yield sse(json.dumps({"status": job.status.value}), event="end")
+                yield {"event": "end", "data": json.dumps({"status": job.status.value})}
                 return
-            yield ": waiting for the job's next Ray Job\n\n"
+            yield {"comment": "waiting for the job's next Ray Job"}
             await asyncio.sleep(WAIT_POLL_S)
+
+    async def _attempt_lines(self, submission_id: str, attempt: int, skip: int) -> AsyncIterator[dict[str, Any]]:
+        """The attempt's log lines from Ray Jobs, numbered from 1, after the first `skip`."""
+        number = 0
+        try:
+            async for chunk in self.launcher.client.tail_job_logs(submission_id):
+                for line in chunk.splitlines():
+                    number += 1
+                    if number > skip:
+                        yield {"id": f"{attempt}:{number}", "data": line}
+        except Exception as exc:  # noqa: BLE001 - Ray lost the attempt; say so, go on
+            yield {"event": "error", "data": json.dumps({"ray_submission_id": submission_id,
+                                                         "message": f"logs unavailable: {exc}"})}

@@ -10,7 +10,8 @@ allowed model roots (`Settings.allowed_model_roots`), never to an arbitrary path
 
 from __future__ import annotations
 
-from eft.types.jobs import Cluster, JobCreate
+from eft.types.jobs import JobCreate
+from eft.types.plans import Cluster
 from eft.service.errors import Problem, RequestInvalid
 from eft.planner.architectures import (
     KNOWN_ARCHITECTURES,

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eft.types.jobs import Cluster, JobCreate, LoraMethod
+from eft.types.jobs import JobCreate, LoraMethod
+from eft.types.plans import Cluster
 from eft.service.errors import Problem, RequestInvalid
 from eft.service.files import FILE_ID, uploaded_path
 from eft.service.settings import Settings

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Header, Query
+from sse_starlette import EventSourceResponse
 
 from eft.api.deps import CurrentTenant, JobServiceDep
 from eft.service.logs import JobLogs
@@ -23,12 +23,14 @@ async def job_logs(
     follow: bool = False,
     attempt: Annotated[int | None, Query(ge=1)] = None,
     tail: Annotated[int | None, Query(ge=1, le=100_000)] = None,
-) -> dict[str, Any] | StreamingResponse:
+    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+) -> dict[str, Any] | EventSourceResponse:
     """The latest attempt's logs (or `attempt`'s) as JSON `{"data": text}`; with
-    `follow=true`, server-sent events: one `data:` per line, `event: end` when the job ends."""
+    `follow=true`, server-sent events: one `data:` per line with the id `<attempt>:<line>`
+    (send it back as `Last-Event-ID` to resume), `event: end` when the job ends, and a
+    keep-alive comment every 15 s."""
     logs = JobLogs(service.store, service.launcher)
     if not follow:
         return await asyncio.to_thread(logs.text, job_id, tenant, attempt, tail)
-    events = await logs.follow(job_id, tenant, attempt)
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    events = await logs.follow(job_id, tenant, attempt, last_event_id)
+    return EventSourceResponse(events, ping=15, headers={"X-Accel-Buffering": "no"})

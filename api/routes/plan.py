@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from eft.api.deps import JobServiceDep
-from eft.types.jobs import Plan, PlanRequest
+from eft.types.plans import Plan, PlanRequest
 from eft.planner import plan
 from eft.service.plan_requests import spec_for_request
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Response(BaseModel):
-    model_config = ConfigDict(extra="allow", protected_namespaces=())
+from eft.types._base import ListResponse, _Request, _Response
 
 
 class FileObject(_Response):
@@ -25,7 +23,7 @@ class FileObject(_Response):
     sha256: str
 
 
-class FileList(_Response):
+class FileList(ListResponse):
     object: Literal["list"] = "list"
     data: list[FileObject]
     has_more: bool
@@ -80,9 +78,7 @@ class DatasetReport(_Response):
         None, description="The first record's tokens, each marked with whether it carries loss.")
 
 
-class ValidateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
+class ValidateRequest(_Request):
     model: str | None = Field(
         None, min_length=1, max_length=512,
         description="Tokenize with this model's tokenizer for token counts and the loss example.")

@@ -11,20 +11,16 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class _Response(BaseModel):
-    # Responses tolerate fields a newer server adds, so an old client keeps working.
-    model_config = ConfigDict(extra="allow", protected_namespaces=())
+from eft.types._base import ListResponse, _Request, _Response
 
 
 class JobStatus(str, Enum):
     """Statuses a user sees. Internal phases (scheduling, resizing) are events, not statuses."""
+
+    def __str__(self) -> str:  # prints as `succeeded`, not `JobStatus.succeeded`
+        return self.value
 
     validating = "validating"
     queued = "queued"
@@ -300,7 +296,7 @@ class JobLogs(_Response):
     data: str = Field(description="The attempt's driver output, as Ray Jobs captured it.")
 
 
-class JobList(_Response):
+class JobList(ListResponse):
     object: Literal["list"] = "list"
     data: list[Job]
     has_more: bool
@@ -319,7 +315,7 @@ class JobEvent(_Response):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class JobEventList(_Response):
+class JobEventList(ListResponse):
     object: Literal["list"] = "list"
     data: list[JobEvent]
     has_more: bool
@@ -331,7 +327,7 @@ class JobMetric(_Response):
     values: dict[str, float]
 
 
-class JobMetricList(_Response):
+class JobMetricList(ListResponse):
     object: Literal["list"] = "list"
     data: list[JobMetric]
 
@@ -356,76 +352,3 @@ class ErrorResponse(_Response):
 
 
 # --- the planner (POST /plan) --------------------------------------------------------------
-
-
-class Cluster(_Request):
-    """The GPUs a job would train on."""
-
-    gpus: int = Field(..., ge=1, le=4096, description="GPUs the job trains on, one per worker.")
-    gpu_memory_gb: float = Field(
-        ..., gt=0, le=4096, description="Memory of one GPU, GB of 10^9 bytes (e.g. 32, 80)."
-    )
-    gpu_type: str | None = Field(
-        None, min_length=1, max_length=64,
-        description="e.g. 'V100', 'A100', 'H100': flash_attention_2 is considered only on a known "
-        "Ampere or newer GPU.",
-    )
-
-
-class PlanRequest(JobCreate):
-    """A job request plus the cluster it would run on. The planner reads `model`, `method`,
-    `hyperparameters.max_seq_len`, `hyperparameters.micro_batch_size` and `strategy` ("auto"
-    weighs every strategy, another value only that one); `training_file` may be left out."""
-
-    training_file: str | None = Field(  # type: ignore[assignment]
-        None, min_length=1, max_length=2048, description="Accepted for symmetry with a job; not read."
-    )
-    cluster: Cluster
-
-
-class PlanMemory(_Response):
-    """Predicted peak memory of one GPU, GB (10^9 bytes), term by term."""
-
-    parameters: float
-    gradients: float
-    optimizer: float
-    activations: float
-    overhead: float
-    total: float
-
-
-class PlanCandidate(_Response):
-    strategy: Literal["ddp", "fsdp", "zero1", "zero2", "zero3"]
-    offload: Literal["none", "optimizer", "optimizer+params"]
-    gradient_checkpointing: bool
-    attention: Literal["sdpa", "eager", "flash_attention_2"]
-    fits: bool
-    relative_time: float = Field(description="Step time relative to DDP + sdpa, no offload or GC.")
-    memory_gb: PlanMemory
-    reason: str = ""
-
-
-class PlanSuggestion(_Response):
-    change: Literal["strategy", "offload", "micro_batch", "gpus", "method", "seq_len"]
-    value: str | int
-    message: str
-    chosen: PlanCandidate
-
-
-class PlanModel(_Response):
-    name: str
-    parameters: int
-    trainable_parameters: int
-    method: str
-
-
-class Plan(_Response):
-    """Every candidate configuration, fitting and fastest first, and the chosen one (null when
-    none fits; `suggestions` then lists the nearest changes that fit)."""
-
-    model: PlanModel | None = None
-    chosen: PlanCandidate | None
-    why: list[str] = Field(default_factory=list)
-    candidates: list[PlanCandidate]
-    suggestions: list[PlanSuggestion] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)

@@ -9,17 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from eft.types._base import ListResponse, _Request, _Response
 
 Auto = Literal["auto"]
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class _Response(BaseModel):
-    model_config = ConfigDict(extra="allow", protected_namespaces=())
 
 
 class OpenAIHyperparameters(_Request):
@@ -98,7 +92,7 @@ class FineTuningJob(_Response):
     user_provided_suffix: str | None = None
 
 
-class FineTuningJobList(_Response):
+class FineTuningJobList(ListResponse):
     object: Literal["list"] = "list"
     data: list[FineTuningJob]
     has_more: bool
@@ -114,7 +108,7 @@ class FineTuningJobEvent(_Response):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class FineTuningJobEventList(_Response):
+class FineTuningJobEventList(ListResponse):
     object: Literal["list"] = "list"
     data: list[FineTuningJobEvent]
     has_more: bool
@@ -130,7 +124,7 @@ class FineTuningJobCheckpoint(_Response):
     step_number: int
 
 
-class FineTuningJobCheckpointList(_Response):
+class FineTuningJobCheckpointList(ListResponse):
     object: Literal["list"] = "list"
     data: list[FineTuningJobCheckpoint]
     has_more: bool

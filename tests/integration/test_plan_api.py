@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eft.types.jobs import PlanRequest
+from eft.types.plans import PlanRequest
 from eft.cli_plan import plan_locally
 from eft.service.settings import get_settings
 
@@ -101,7 +101,8 @@ def test_forced_strategy_that_cannot_fit_gets_the_nearest_fit(client):
 
 
 def test_a_job_that_cannot_fit_is_refused_naming_the_nearest_fit(eft_home):
-    from eft.types.jobs import Cluster, JobCreate
+    from eft.types.jobs import JobCreate
+    from eft.types.plans import Cluster
     from eft.service.errors import RequestInvalid
     from eft.planner import plan
     from eft.service.plan_requests import refuse_unless_fits, spec_for_request

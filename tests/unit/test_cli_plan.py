@@ -16,7 +16,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from eft.types.jobs import Plan
+from eft.types.plans import Plan
 from eft import AsyncClient, Client, cli, cli_plan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def _fake_plan_server(requests: list[httpx.Request]) -> httpx.MockTransport:
 
     def handle(request: httpx.Request) -> httpx.Response:
         requests.append(request)
-        from eft.types.jobs import PlanRequest
+        from eft.types.plans import PlanRequest
 
         body = local(PlanRequest.model_validate(json.loads(request.content)))
         return httpx.Response(200, json=body.model_dump(mode="json"))
