@@ -50,10 +50,13 @@ class APIStatusError(EftError):
     reported a single problem), and `str()` shows all of them.
     """
 
-    def __init__(self, status_code: int, body: Any, request_id: str | None = None):
+    def __init__(self, status_code: int, body: Any, request_id: str | None = None,
+                 retry_after_s: float | None = None):
         self.status_code = status_code
         self.body = body
         self.request_id = request_id
+        #: Seconds the service asked to wait before trying again (its Retry-After), if it did.
+        self.retry_after_s = retry_after_s
         try:
             detail = ErrorResponse.model_validate(body).error
         except ValidationError:
@@ -77,6 +80,8 @@ class APIStatusError(EftError):
             where = problem.get("param") or "request"
             code = f" [{problem['code']}]" if problem.get("code") else ""
             lines.append(f"  - {where}: {problem.get('message', '')}{code}")
+        if self.retry_after_s is not None:
+            lines.append(f"retry after: {self.retry_after_s:g}s")
         if self.request_id:
             lines.append(f"request id: {self.request_id}")
         return "\n".join(lines)
@@ -99,7 +104,8 @@ class NotFoundError(APIStatusError):
 
 
 class ConflictError(APIStatusError):
-    """409: the job's state forbids this, or the same Idempotency-Key is still in flight."""
+    """409: the job's state forbids this, or an Idempotency-Key was reused with another body.
+    (A 409 for the same key still in flight is retried by the client first.)"""
 
 
 class PayloadTooLargeError(APIStatusError):
@@ -111,7 +117,9 @@ class UnprocessableEntityError(APIStatusError):
 
 
 class RateLimitError(APIStatusError):
-    """429: too many requests; the client already retried honouring Retry-After."""
+    """429: over a limit. `.retry_after_s` says how long to wait. A tenant quota
+    (`code == "quota_exceeded"`) is raised at once, since it frees only when a job ends; other
+    429s were retried first, honouring a Retry-After of up to a minute."""
 
 
 class InternalServerError(APIStatusError):
@@ -130,10 +138,11 @@ _STATUS_ERRORS: dict[int, type[APIStatusError]] = {
 }
 
 
-def status_error(status_code: int, body: Any, request_id: str | None = None) -> APIStatusError:
+def status_error(status_code: int, body: Any, request_id: str | None = None,
+                 retry_after_s: float | None = None) -> APIStatusError:
     """Return the `APIStatusError` subclass instance for `status_code` (never raises it)."""
     if status_code >= 500:
         cls: type[APIStatusError] = InternalServerError
     else:
         cls = _STATUS_ERRORS.get(status_code, APIStatusError)
-    return cls(status_code, body, request_id)
+    return cls(status_code, body, request_id, retry_after_s)

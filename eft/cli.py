@@ -8,15 +8,18 @@
     eft plan --model llama-2-70b --method lora --gpus 8 --gpu-memory 32 --seq-len 4096
     eft down
 
-Every command takes --json to print machine-readable JSON only. --base-url and --api-key (or
-EFT_BASE_URL and EFT_API_KEY) choose the service. Exit codes: 0 ok, 1 API error or job not
-succeeded, 2 usage error (bad flag, invalid request).
+Every command takes --json to print machine-readable JSON only (errors go to stderr, as JSON
+too). --base-url and --api-key (or EFT_BASE_URL and EFT_API_KEY) choose the service. Exit codes:
+0 ok; 1 the job did not succeed, or the service answered with an error (not found, conflict,
+quota, server error, unreachable); 2 a refused request (a bad flag, or a request the client or the
+service found invalid: 400, 413, 422). Shell completion: `eft --install-completion`.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -25,7 +28,6 @@ from typing import Annotated, Any, get_args
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -33,22 +35,23 @@ from eft.types.jobs import (
     FullMethod,
     Job,
     JobCreate,
-    JobMetric,
     JobStatus,
     LoraMethod,
     QloraMethod,
     Strategy,
 )
 from eft._errors import APIStatusError, EftError
-from eft import monitor
-from eft.client import Client
+from eft.client import Client, __version__
 
-app = typer.Typer(help="Elastic fine-tuning on Ray.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(help="Elastic fine-tuning on Ray.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Create, inspect, cancel and wait for fine-tuning jobs.",
                        no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
-out = Console()
+# Piped into another program, lines are never wrapped or cut: ids and paths stay whole.
+out = Console(width=None if sys.stdout.isatty() else 4096)
 err = Console(stderr=True)
+#: Statuses of a request the service refused as invalid: the usage exit code, like a bad flag.
+REFUSED_STATUSES = frozenset({400, 413, 422})
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
 JobId = Annotated[str, typer.Argument(help="Job id, e.g. ftjob-...")]
@@ -77,6 +80,12 @@ def _client(ctx: typer.Context) -> Client:
     return make_client(**(ctx.find_root().obj or {}))
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"eft {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
@@ -84,6 +93,8 @@ def main(
                                                  help="Service URL.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="EFT_API_KEY", show_default=False,
                                                 help="API key (sent as a Bearer token).")] = None,
+    _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Elastic fine-tuning on Ray: start the service with `eft up`, then `eft jobs create`."""
     ctx.obj = {"base_url": base_url, "api_key": api_key}
@@ -99,7 +110,8 @@ def _emit_json(data: Any) -> None:
 
 def _fail(message: str, problems: list[str], as_json: bool, exit_code: int, body: Any = None):
     if as_json:
-        _emit_json(body or {"error": {"message": message, "errors": problems}})
+        typer.echo(json.dumps(body or {"error": {"message": message, "errors": problems}}, indent=2,
+                              default=str), err=True)
     else:
         err.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
         for problem in problems:
@@ -124,7 +136,8 @@ def _guarded(command: Callable) -> Callable:
             if exc.request_id and not as_json:
                 problems.append(f"request id: {exc.request_id}")
             body = exc.body if isinstance(exc.body, dict) else None
-            _fail(f"{exc.status_code} {exc.message}", problems, as_json, 1, body)
+            exit_code = 2 if exc.status_code in REFUSED_STATUSES else 1
+            _fail(f"{exc.status_code} {exc.message}", problems, as_json, exit_code, body)
         except (EftError, CliError) as exc:
             _fail(str(exc), [], as_json, getattr(exc, "exit_code", 1))
 
@@ -254,7 +267,9 @@ def jobs_create(
     client = _client(ctx)
     job = client.jobs.create(build_request(file, flags))
     if wait:
-        return _wait_and_report(client, job.id, 2.0, None, as_json)
+        from eft.cli_watch import wait_and_report
+
+        return wait_and_report(client, job.id, 2.0, None, as_json)
     _show_job(job, as_json)
 
 
@@ -301,99 +316,27 @@ def jobs_events(
     out.print(_table("id", "time", "level", "type", "message", rows=rows))
 
 
-def _wait_with_progress(client: Client, job_id: str, poll_interval_s: float,
-                        timeout_s: float | None) -> Job:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
-    with Progress(*columns, console=out) as bar:
-        task = bar.add_task(job_id, total=None, info="")
-
-        def show(job: Job, metric: JobMetric | None) -> None:
-            bar.update(task, completed=job.step, total=job.total_steps, info=monitor.progress_text(job, metric),
-                       description=f"{job.id} {job.status.value}")
-
-        return client.jobs.wait(job_id, poll_interval_s, timeout_s, on_progress=show)
-
-
-def _wait_and_report(client: Client, job_id: str, poll_interval_s: float,
-                     timeout_s: float | None, as_json: bool) -> None:
+def jobs_checkpoints(ctx: typer.Context, job_id: JobId, as_json: AsJson = False) -> None:
+    """Show the checkpoints a job saved, oldest first: `eft jobs checkpoints ftjob-...`."""
+    checkpoints = _client(ctx).jobs.checkpoints(job_id)
     if as_json:
-        job = client.jobs.wait(job_id, poll_interval_s, timeout_s)
-        _emit_json(job)
-    else:
-        job = _wait_with_progress(client, job_id, poll_interval_s, timeout_s)
-        line = Text(f"{job.id} ") + _status(job) + Text(f" at step {_progress(job)}")
-        if job.error:
-            line += Text(f": {job.error.code}: {job.error.message}")
-        elif job.artifact_path:
-            line += Text(f"; artifact: {job.artifact_path}")
-        out.print(line)
-    if job.status is not JobStatus.succeeded:
-        raise typer.Exit(1)
-
-
-def jobs_wait(
-    ctx: typer.Context,
-    job_id: JobId,
-    poll_interval_s: Annotated[float, typer.Option("--poll-interval", min=0.0)] = 2.0,
-    timeout_s: Annotated[float | None, typer.Option("--timeout", help="Give up after s.")] = None,
-    as_json: AsJson = False,
-) -> None:
-    """Follow a job to its end with a progress bar (step, loss, tokens/s, ETA); exit 0 only if it
-    succeeded. `eft jobs watch` is the same command."""
-    _wait_and_report(_client(ctx), job_id, poll_interval_s, timeout_s, as_json)
-
-
-def jobs_logs(
-    ctx: typer.Context,
-    job_id: JobId,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
-    attempt: Annotated[int | None, typer.Option(min=1, help="An earlier attempt's logs.")] = None,
-    tail: Annotated[int | None, typer.Option(min=1, help="Only the last N lines.")] = None,
-    as_json: AsJson = False,
-) -> None:
-    """Print a job's driver logs from Ray Jobs: `eft jobs logs ftjob-... --follow`."""
-    client = _client(ctx)
-    if follow:
-        for line in client.jobs.follow_logs(job_id, attempt=attempt):
-            typer.echo(json.dumps({"line": line}) if as_json else line)
-        return
-    logs = client.jobs.logs(job_id, attempt=attempt, tail=tail)
-    if as_json:
-        return _emit_json(logs)
-    typer.echo(logs.data, nl=not logs.data.endswith("\n"))
-
-
-def jobs_plot(
-    ctx: typer.Context,
-    job_id: JobId,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="PNG path; default <job id>-loss.png.")] = None,
-    as_json: AsJson = False,
-) -> None:
-    """Write a PNG of a job's loss and eval-loss curves: `eft jobs plot ftjob-... -o loss.png`."""
-    client = _client(ctx)
-    job = client.jobs.retrieve(job_id)
-    try:
-        path = monitor.plot_losses(job, client.jobs.metrics(job_id).data, output or Path(f"{job_id}-loss.png"))
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if as_json:
-        return _emit_json({"job_id": job_id, "path": str(path)})
-    out.print(Text(f"wrote {path}"))
+        return _emit_json(checkpoints)
+    out.print(_table("step", "attempt", "reason", "workers", "kept", "path", rows=[
+        (c.step, c.attempt, c.reason or "-", c.world_size or "-", "yes" if c.available else "pruned", c.path)
+        for c in checkpoints]))
 
 
 # The one table of commands: "group name" -> function. Registration below reads only this;
-# `eft files` and `eft plan` live in modules of their own, the server's commands (`up`, `down`,
+# `eft jobs wait|watch|logs|plot`, `eft files` and `eft plan` live in modules of their own, the server's commands (`up`, `down`,
 # `keys`) arrive through the `eft.commands` entry-point group (eft/_plugins.py).
 COMMANDS: dict[str, Callable[..., None]] = {
     "jobs create": jobs_create, "jobs list": jobs_list, "jobs get": jobs_get,
-    "jobs cancel": jobs_cancel, "jobs events": jobs_events, "jobs wait": jobs_wait,
-    "jobs watch": jobs_wait, "jobs logs": jobs_logs, "jobs plot": jobs_plot,
+    "jobs cancel": jobs_cancel, "jobs events": jobs_events, "jobs checkpoints": jobs_checkpoints,
 }
 GROUPS: dict[str, typer.Typer] = {"": app, "jobs": jobs_app}
-from eft import cli_files, cli_plan, _plugins  # noqa: E402
+from eft import _plugins, cli_files, cli_plan, cli_watch  # noqa: E402
 
-for _module in (cli_files, cli_plan, *_plugins.command_modules()):
+for _module in (cli_watch, cli_files, cli_plan, *_plugins.command_modules()):
     COMMANDS.update(_module.COMMANDS)
     for _group_name, _help in getattr(_module, "GROUPS", {}).items():
         GROUPS[_group_name] = typer.Typer(help=_help, no_args_is_help=True)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -70,4 +71,34 @@ def files_validate(ctx: typer.Context,
         raise typer.Exit(1)
 
 
-COMMANDS = {"files upload": files_upload, "files list": files_list, "files validate": files_validate}
+def files_delete(ctx: typer.Context,
+                 file_id: Annotated[str, typer.Argument(help="File id, e.g. file-...")],
+                 as_json: AsJson = False) -> None:
+    """Delete an uploaded file: `eft files delete file-...`."""
+    deleted = _client(ctx).files.delete(file_id)
+    if as_json:
+        return _emit_json(deleted)
+    out.print(Text(f"deleted {deleted.id}"))
+
+
+def files_download(ctx: typer.Context,
+                   file_id: Annotated[str, typer.Argument(help="File id, e.g. file-...")],
+                   output: Annotated[Path | None, typer.Option("--output", "-o", dir_okay=False,
+                                                               help="Where to write it; - for stdout.")] = None,
+                   as_json: AsJson = False) -> None:
+    """Download an uploaded file: `eft files download file-... -o train.jsonl` (default: its
+    original name in the current directory)."""
+    client = _client(ctx)
+    content = client.files.content(file_id)
+    if output is not None and str(output) == "-":
+        sys.stdout.buffer.write(content)
+        return None
+    path = output or Path(client.files.retrieve(file_id).filename).name
+    Path(path).write_bytes(content)
+    if as_json:
+        return _emit_json({"id": file_id, "path": str(path), "bytes": len(content)})
+    out.print(Text(f"wrote {path} ({len(content)} bytes)"))
+
+
+COMMANDS = {"files upload": files_upload, "files list": files_list, "files validate": files_validate,
+            "files delete": files_delete, "files download": files_download}

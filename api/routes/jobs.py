@@ -7,7 +7,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response
 
 from eft.api.deps import CurrentPrincipal, CurrentTenant, IdempotencyKey, JobServiceDep
-from eft.types.jobs import Job, JobCreate, JobEventList, JobList, JobMetricList, JobStatus
+from eft.types.jobs import (
+    Job,
+    JobCheckpointList,
+    JobCreate,
+    JobEventList,
+    JobList,
+    JobMetricList,
+    JobStatus,
+)
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -68,6 +76,7 @@ def list_metrics(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> 
     return service.metrics(job_id, tenant)
 
 
-@router.get("/{job_id}/checkpoints")
+@router.get("/{job_id}/checkpoints", response_model=JobCheckpointList)
 def list_checkpoints(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> dict[str, Any]:
+    """Every checkpoint the job saved, oldest first."""
     return {"object": "list", "data": service.checkpoints(job_id, tenant)}

@@ -332,6 +332,24 @@ class JobMetricList(ListResponse):
     data: list[JobMetric]
 
 
+class JobCheckpoint(_Response):
+    step: int
+    attempt: int
+    path: str = Field(description="Where it is: a directory or an object-store URI.")
+    metrics: dict[str, Any] | None = None
+    world_size: int | None = None
+    reason: str | None = Field(None, description="interval, preemption, final, ...")
+    size_bytes: int | None = None
+    save_seconds: float | None = None
+    available: bool = Field(description="False once pruned to the job's checkpoint.keep.")
+    created_at: datetime
+
+
+class JobCheckpointList(ListResponse):
+    object: Literal["list"] = "list"
+    data: list[JobCheckpoint]
+
+
 class Health(_Response):
     status: Literal["ok", "degraded"]
     version: str

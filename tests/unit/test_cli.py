@@ -15,6 +15,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+import eft
 from eft import Client, cli
 
 runner = CliRunner()
@@ -114,8 +115,8 @@ def test_jobs_create_shows_every_problem_the_server_reports(serve):
                           {"param": "training_file", "code": "not_found", "message": "no file"}]}}
     serve({("POST", "/jobs"): httpx.Response(422, json=body)})
     result = invoke("jobs", "create", "--model", "m", "--training-file", "t.jsonl")
-    assert result.exit_code == 1
-    assert "no model m" in result.output and "no file" in result.output
+    assert result.exit_code == 2  # a refused request, like a bad flag
+    assert "no model m" in result.stderr and "no file" in result.stderr and result.stdout == ""
 
 
 def test_jobs_list_prints_a_table_and_json(serve):
@@ -138,8 +139,8 @@ def test_jobs_get_404_exits_1_with_the_message(serve):
     assert "no job at /jobs/ftjob-missing" in result.output and "req_404" in result.output
 
     result = invoke("jobs", "get", "ftjob-missing", "--json")
-    assert result.exit_code == 1
-    assert json.loads(result.stdout)["error"]["code"] == "job_not_found"
+    assert result.exit_code == 1 and result.stdout == ""
+    assert json.loads(result.stderr)["error"]["code"] == "job_not_found"
 
 
 def test_jobs_get_and_cancel_show_the_job(serve):
@@ -211,3 +212,39 @@ def test_every_command_in_the_table_is_registered_with_json():
     for name in cli.COMMANDS:
         result = invoke(*name.split(), "--help")
         assert result.exit_code == 0 and "--json" in result.output, name
+
+
+def test_version_and_shell_completion():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"eft {eft.__version__}"
+    assert "--install-completion" in invoke("--help").stdout
+
+
+def test_piped_tables_keep_long_ids_whole(serve):
+    long_id = "ftjob-" + "0123456789abcdef" * 6
+    page = {"data": [job_json(long_id, "running")], "has_more": False, "next_cursor": None}
+    serve({("GET", "/jobs"): httpx.Response(200, json=page)})
+    result = invoke("jobs", "list")
+    assert result.exit_code == 0 and long_id in result.stdout.splitlines()[1]
+
+
+def test_files_delete_download_and_job_checkpoints(serve, tmp_path, monkeypatch):
+    checkpoint = {"step": 4, "attempt": 1, "path": "/ckpt/ftjob-1/checkpoint_000000", "reason": "interval",
+                  "world_size": 2, "available": True, "created_at": "2025-01-01T00:00:00Z"}
+    serve({
+        ("DELETE", "/files/file-1"): httpx.Response(200, json={"id": "file-1", "object": "file", "deleted": True}),
+        ("GET", "/files/file-1/content"): httpx.Response(200, content=b'{"x": 1}\n'),
+        ("GET", "/files/file-1"): httpx.Response(200, json={
+            "id": "file-1", "bytes": 9, "created_at": 1, "filename": "train.jsonl", "purpose": "fine-tune",
+            "sha256": "ab"}),
+        ("GET", "/jobs/ftjob-1/checkpoints"): httpx.Response(200, json={"object": "list", "data": [checkpoint]}),
+    })
+    assert "deleted file-1" in invoke("files", "delete", "file-1").stdout
+    monkeypatch.chdir(tmp_path)
+    result = invoke("files", "download", "file-1", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["path"] == "train.jsonl"
+    assert (tmp_path / "train.jsonl").read_bytes() == b'{"x": 1}\n'
+    assert invoke("files", "download", "file-1", "-o", "-").stdout == '{"x": 1}\n'
+    result = invoke("jobs", "checkpoints", "ftjob-1")
+    assert result.exit_code == 0 and "/ckpt/ftjob-1/checkpoint_000000" in result.stdout and "interval" in result.stdout
+    assert json.loads(invoke("jobs", "checkpoints", "ftjob-1", "--json").stdout)["data"][0]["step"] == 4

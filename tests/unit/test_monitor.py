@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 from eft.types.jobs import Job, JobMetric, JobStatus
 from eft import monitor
-from eft.client import sse_lines
+from eft._base import server_events
 from eft.service.progress import progress_fields
 from eft.service.store import JobRecord
 
@@ -73,10 +73,15 @@ def test_plot_refuses_a_job_without_losses(tmp_path):
         monitor.plot_losses(_job(), [], tmp_path / "x.png")
 
 
-def test_sse_lines_keep_log_lines_and_skip_control_events():
-    stream = ["event: attempt", 'data: {"attempt": 1}', "", "data: step 1 loss 2.0", "",
-              ": waiting", "data: done", "", "event: end", 'data: {"status": "succeeded"}', ""]
-    assert list(sse_lines(stream)) == ["step 1 loss 2.0", "done"]
+def test_server_events_keep_log_lines_ids_and_control_events_and_skip_keep_alives():
+    stream = ["event: attempt", 'data: {"attempt": 1}', "", "id: 1:1", "data: step 1 loss 2.0", "",
+              ": ping", "", "id: 1:2", "data: two", "data: lines", "", "event: end",
+              'data: {"status": "succeeded"}']
+    events = list(server_events(stream))
+    assert [(e.event, e.id, e.data) for e in events] == [
+        ("attempt", None, '{"attempt": 1}'), (None, "1:1", "step 1 loss 2.0"),
+        (None, "1:2", "two\nlines"), ("end", None, '{"status": "succeeded"}')]
+    assert events[-1].json() == {"status": "succeeded"}
 
 
 def test_tensorboard_tracker_writes_scalars_and_they_join_the_published_adapter(tmp_path):

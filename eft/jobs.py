@@ -1,0 +1,255 @@
+"""`client.jobs`: create, inspect, cancel, follow and wait for fine-tuning jobs (sync and async)."""
+
+from __future__ import annotations
+
+import inspect
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from eft._base import EventParser, ServerEvent, create_body, list_params, server_events
+from eft._errors import APIConnectionError, WaitTimeoutError
+from eft.types.jobs import (
+    Job,
+    JobCheckpointList,
+    JobCreate,
+    JobEventList,
+    JobList,
+    JobLogs,
+    JobMetric,
+    JobMetricList,
+    JobStatus,
+)
+
+if TYPE_CHECKING:
+    from eft.client import AsyncClient, Client
+
+ProgressCallback = Callable[[Job, JobMetric | None], Any]
+
+
+class JobPage:
+    """One page of `jobs.list`; `.data` is this page, iterating yields jobs of every later page."""
+
+    def __init__(self, body: JobList, fetch: Callable[[str], JobPage]):
+        self.body = body
+        self.data, self.has_more, self.next_cursor = body.data, body.has_more, body.next_cursor
+        self._fetch = fetch
+
+    def next_page(self) -> JobPage | None:
+        """Return the following page, or None on the last one."""
+        return self._fetch(self.next_cursor) if self.has_more and self.next_cursor else None
+
+    def __iter__(self) -> Iterator[Job]:
+        page: JobPage | None = self
+        while page is not None:
+            yield from page.data
+            page = page.next_page()
+
+
+class AsyncJobPage:
+    """Async twin of `JobPage`: `async for job in page` walks every later page."""
+
+    def __init__(self, body: JobList, fetch: Callable[[str], Awaitable[AsyncJobPage]]):
+        self.body = body
+        self.data, self.has_more, self.next_cursor = body.data, body.has_more, body.next_cursor
+        self._fetch = fetch
+
+    async def next_page(self) -> AsyncJobPage | None:
+        """Return the following page, or None on the last one."""
+        return await self._fetch(self.next_cursor) if self.has_more and self.next_cursor else None
+
+    async def __aiter__(self) -> AsyncIterator[Job]:
+        page: AsyncJobPage | None = self
+        while page is not None:
+            for job in page.data:
+                yield job
+            page = await page.next_page()
+
+
+def _log_lines(events: Iterator[ServerEvent], seen: list[str | None]) -> Iterator[str | None]:
+    """Log lines of a followed stream (None when it ends); `seen[0]` keeps the last event id."""
+    for event in events:
+        if event.event is None:
+            seen[0] = event.id or seen[0]
+            yield event.data
+        elif event.event == "end":
+            yield None
+            return
+
+
+class Jobs:
+    """`client.jobs`: create, inspect, cancel and wait for fine-tuning jobs."""
+
+    def __init__(self, client: Client):
+        self._client = client
+
+    def create(self, request: JobCreate | Mapping[str, Any] | None = None, **fields: Any) -> Job:
+        """Submit a job (POST /jobs); `fields` override `request`. Returns the new `Job`.
+
+        Raises pydantic.ValidationError before sending when the request is invalid, and
+        `EftError` subclasses for what the service answers.
+        """
+        return self._client._request("POST", "/jobs", cast=Job, json=create_body(request, fields),
+                                     idempotency_key=str(uuid.uuid4()))
+
+    def retrieve(self, job_id: str) -> Job:
+        """Return the job (GET /jobs/{id}); raises `NotFoundError` when there is none."""
+        return self._client._request("GET", f"/jobs/{job_id}", cast=Job)
+
+    def list(self, limit: int = 20, after: str | None = None, status: JobStatus | str | None = None) -> JobPage:
+        """Return the first page of jobs, newest first; iterate it to walk every page."""
+        body = self._client._request("GET", "/jobs", cast=JobList, params=list_params(limit, after, status))
+        return JobPage(body, lambda cursor: self.list(limit=limit, after=cursor, status=status))
+
+    def cancel(self, job_id: str) -> Job:
+        """Ask the job to stop (POST /jobs/{id}/cancel); returns it, usually `cancelling`."""
+        return self._client._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
+
+    def list_events(self, job_id: str, after: int | None = None, limit: int = 100) -> JobEventList:
+        """Return the job's events with id greater than `after`, oldest first."""
+        return self._client._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
+                                     params={"after": after, "limit": limit})
+
+    def metrics(self, job_id: str) -> JobMetricList:
+        """Return the job's reported training metrics, oldest step first."""
+        return self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList)
+
+    def checkpoints(self, job_id: str) -> JobCheckpointList:
+        """Return every checkpoint the job saved, oldest first (`available` once pruned: False)."""
+        return self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
+
+    def manifest(self, job_id: str) -> dict[str, Any]:
+        """Return the artifact's `eft_manifest.json`; raises `ConflictError` before it exists."""
+        return self._client._request_json("GET", f"/jobs/{job_id}/manifest")
+
+    def logs(self, job_id: str, attempt: int | None = None, tail: int | None = None) -> JobLogs:
+        """Return the driver logs of the job's latest attempt (or `attempt`), from Ray Jobs."""
+        return self._client._request("GET", f"/jobs/{job_id}/logs", cast=JobLogs,
+                                     params={"attempt": attempt, "tail": tail})
+
+    def follow_logs(self, job_id: str, attempt: int | None = None) -> Iterator[str]:
+        """Yield the job's log lines as they are written, until the job ends (server-sent
+        events from GET /jobs/{id}/logs?follow=true). A dropped connection is resumed from the
+        last line received (`Last-Event-ID`), up to `max_retries` times. Raises `EftError`."""
+        path, params = f"/jobs/{job_id}/logs", {"follow": "true", "attempt": attempt}
+        seen: list[str | None] = [None]
+        for retry in range(self._client.max_retries + 1):
+            kwargs = self._client._follow_kwargs(path, params, seen[0])
+            try:
+                with self._client._http.stream(**kwargs) as response:
+                    if not response.is_success:
+                        response.read()
+                        raise self._client._error(response)
+                    for line in _log_lines(server_events(response.iter_lines()), seen):
+                        if line is None:
+                            return
+                        yield line
+                return  # the server closed the stream without an end: nothing more to read
+            except httpx.TransportError as exc:
+                if retry >= self._client.max_retries:
+                    raise self._client._transport_error(exc, kwargs["url"]) from exc
+                self._client._sleep(self._client._backoff_s(retry))
+        raise APIConnectionError(f"log stream of {job_id} kept dropping")
+
+    def wait(self, job_id: str, poll_interval_s: float = 1.0, timeout_s: float | None = None,
+             on_progress: ProgressCallback | None = None) -> Job:
+        """Poll until the job is succeeded, failed or cancelled and return it.
+
+        `on_progress(job, latest_metric_or_None)` is called after every poll. Raises
+        `WaitTimeoutError` (carrying the last job) after `timeout_s`, and `EftError` subclasses.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.retrieve(job_id)
+            if on_progress is not None:
+                points = self.metrics(job_id).data
+                on_progress(job, points[-1] if points else None)
+            if job.status.is_terminal:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(job, timeout_s)
+            self._client._sleep(poll_interval_s)
+
+
+class AsyncJobs:
+    """`async_client.jobs`: the coroutine twin of `Jobs`; see it for each method's contract."""
+
+    def __init__(self, client: AsyncClient):
+        self._client = client
+
+    async def create(self, request: JobCreate | Mapping[str, Any] | None = None, **fields: Any) -> Job:
+        return await self._client._request("POST", "/jobs", cast=Job, json=create_body(request, fields),
+                                           idempotency_key=str(uuid.uuid4()))
+
+    async def retrieve(self, job_id: str) -> Job:
+        return await self._client._request("GET", f"/jobs/{job_id}", cast=Job)
+
+    async def list(self, limit: int = 20, after: str | None = None,
+                   status: JobStatus | str | None = None) -> AsyncJobPage:
+        body = await self._client._request("GET", "/jobs", cast=JobList, params=list_params(limit, after, status))
+        return AsyncJobPage(body, lambda cursor: self.list(limit=limit, after=cursor, status=status))
+
+    async def cancel(self, job_id: str) -> Job:
+        return await self._client._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
+
+    async def list_events(self, job_id: str, after: int | None = None, limit: int = 100) -> JobEventList:
+        return await self._client._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
+                                           params={"after": after, "limit": limit})
+
+    async def metrics(self, job_id: str) -> JobMetricList:
+        return await self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList)
+
+    async def checkpoints(self, job_id: str) -> JobCheckpointList:
+        return await self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
+
+    async def manifest(self, job_id: str) -> dict[str, Any]:
+        return await self._client._request_json("GET", f"/jobs/{job_id}/manifest")
+
+    async def logs(self, job_id: str, attempt: int | None = None, tail: int | None = None) -> JobLogs:
+        return await self._client._request("GET", f"/jobs/{job_id}/logs", cast=JobLogs,
+                                           params={"attempt": attempt, "tail": tail})
+
+    async def follow_logs(self, job_id: str, attempt: int | None = None) -> AsyncIterator[str]:
+        """`async for line in client.jobs.follow_logs(job_id)`: as `Jobs.follow_logs`."""
+        path, params = f"/jobs/{job_id}/logs", {"follow": "true", "attempt": attempt}
+        last_id: str | None = None
+        for retry in range(self._client.max_retries + 1):
+            kwargs = self._client._follow_kwargs(path, params, last_id)
+            try:
+                async with self._client._http.stream(**kwargs) as response:
+                    if not response.is_success:
+                        await response.aread()
+                        raise self._client._error(response)
+                    parser = EventParser()
+                    async for line in response.aiter_lines():
+                        event = parser.feed(line)
+                        if event is not None and event.event == "end":
+                            return
+                        if event is not None and event.event is None:
+                            last_id = event.id or last_id
+                            yield event.data
+                return
+            except httpx.TransportError as exc:
+                if retry >= self._client.max_retries:
+                    raise self._client._transport_error(exc, kwargs["url"]) from exc
+                await self._client._sleep(self._client._backoff_s(retry))
+
+    async def wait(self, job_id: str, poll_interval_s: float = 1.0, timeout_s: float | None = None,
+                   on_progress: ProgressCallback | None = None) -> Job:
+        """Poll until the job is terminal and return it; `on_progress` may be sync or async."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = await self.retrieve(job_id)
+            if on_progress is not None:
+                points = (await self.metrics(job_id)).data
+                result = on_progress(job, points[-1] if points else None)
+                if inspect.isawaitable(result):
+                    await result
+            if job.status.is_terminal:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(job, timeout_s)
+            await self._client._sleep(poll_interval_s)
