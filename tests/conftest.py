@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import os
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -39,9 +43,24 @@ def database_url(request, tmp_path):
         yield url
 
 
+@functools.cache
+def _postgres_listening() -> bool:
+    """Whether anything listens where EFT_TEST_POSTGRES_URL points (not whether it lets us in:
+    a server that refuses the tests' credentials is a failure, not a skip)."""
+    url = sa.engine.make_url(POSTGRES_URL)
+    try:
+        socket.create_connection((url.host or "127.0.0.1", url.port or 5432), timeout=3).close()
+    except OSError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def postgres_schema_url(prefix: str) -> Iterator[str]:
-    """A URL of a fresh schema on the local PostgreSQL, dropped with everything in it after."""
+    """A URL of a fresh schema on the local PostgreSQL, dropped with everything in it after.
+    Skips the test, saying why, only when no PostgreSQL server is there at all."""
+    if not _postgres_listening():
+        pytest.skip(f"no PostgreSQL server at {POSTGRES_URL}: start one, or point EFT_TEST_POSTGRES_URL at one")
     schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(POSTGRES_URL)
     with admin.begin() as conn:
@@ -52,3 +71,19 @@ def postgres_schema_url(prefix: str) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+_SUITE_START = time.monotonic()
+_SECONDS_BY_DIRECTORY: dict[str, float] = collections.defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each test's setup, call and teardown time to its directory (unit, integration, e2e)."""
+    parts = report.nodeid.split("/")
+    _SECONDS_BY_DIRECTORY[parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
+    """The suite's time per directory and in all, as the last lines of every run."""
+    rows = ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in sorted(_SECONDS_BY_DIRECTORY.items()))
+    terminalreporter.write_line(f"suite time: {(time.monotonic() - _SUITE_START) / 60:.1f} min ({rows})")
