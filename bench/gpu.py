@@ -7,7 +7,7 @@ Run from the repository root:
     .venv/bin/python bench/gpu.py --device cpu --small --output /tmp/b.md   # check the code path
 
 On a machine without a CUDA device it writes a section saying so and measures nothing. The step
-is the loop's own (`training.loop.token_loss_sum` on `training.packing` rows, the model from
+is the loop's own (`training.steps.token_loss_sum` on `training.packing` rows, the model from
 `training.model.load_trainable_model`); MFU = model FLOPs per second / the GPU's dense bf16 peak
 (`--peak-tflops`, 989 for an H100 SXM), with model FLOPs per token = 6N for the frozen-base
 forward and backward of LoRA counted as 4N (no weight gradients) plus attention.
@@ -51,7 +51,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 
     from eft.training.config import LoraSpec, TrainConfig
     from eft.training.data import Example
-    from eft.training.loop import token_loss_sum
+    from eft.training.steps import token_loss_sum
     from eft.training.model import load_trainable_model
     from eft.training.packing import collate_packed, packed_micro_batches, real_tokens
 

@@ -27,7 +27,7 @@ What it does
    its resident set (VmRSS in /proc/self/status): the *baseline*. It loads the model through
    `training.model.load_trainable_model` (the service's own path: fp32 weights, PEFT, gradient
    checkpointing) and runs `--steps` (3) training steps the way the DDP strategy runs one worker:
-   forward with `training.loop.token_loss_sum` on random token ids (labels = inputs), backward,
+   forward with `training.steps.token_loss_sum` on random token ids (labels = inputs), backward,
    gradient clipping at 1.0, `torch.optim.AdamW` over the trainable parameters,
    `zero_grad(set_to_none=True)`. Then it reads the *peak*:
    `resource.getrusage(RUSAGE_SELF).ru_maxrss`.
@@ -45,7 +45,7 @@ gradients, AdamW states, saved activations, logits and loss buffers, temporaries
 peak, and what glibc malloc keeps of freed memory. The interpreter, the libraries and the
 kernels' one-off workspaces are in the baseline. *Tensors* is the same without malloc: weights +
 AdamW states + the highest point of the profiled step's live bytes above its start. *Process
-peak* is ru_maxrss itself, which is what `training.loop.peak_memory_gb` reports on CPU.
+peak* is ru_maxrss itself, which is what `training.steps.peak_memory_gb` reports on CPU.
 
 Both are compared with the *comparable* part of the prediction: model states (parameters +
 gradients + optimizer) + activations + the loss share of the planner's overhead term (8·s·b·V
@@ -197,7 +197,7 @@ def worker(spec: dict) -> dict:
     from transformers.models.llama import modeling_llama  # noqa: F401
 
     from eft.training.config import LoraSpec, TrainConfig
-    from eft.training.loop import token_loss_sum
+    from eft.training.steps import token_loss_sum
     from eft.training.model import load_trainable_model
 
     torch.set_num_threads(spec["threads"])

@@ -22,82 +22,8 @@ from eft.service import lifecycle
 from eft.training import storage
 from eft.service.db import make_engine, retry_on_disconnect
 from eft.service.errors import Conflict, JobNotFound
-
-metadata = sa.MetaData()
-
-jobs = sa.Table(
-    "jobs",
-    metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("tenant", sa.String(128), nullable=False, index=True),
-    sa.Column("name", sa.String(200)),
-    sa.Column("status", sa.String(32), nullable=False, index=True),
-    sa.Column("request", sa.JSON, nullable=False),
-    sa.Column("config", sa.JSON),
-    sa.Column("attempt", sa.Integer, nullable=False, default=0),
-    sa.Column("num_workers", sa.Integer),
-    sa.Column("submission_id", sa.String(128)),
-    sa.Column("step", sa.Integer, nullable=False, default=0),
-    sa.Column("total_steps", sa.Integer),
-    sa.Column("error_code", sa.String(128)),
-    sa.Column("error_message", sa.Text),
-    sa.Column("error_param", sa.String(256)),
-    sa.Column("artifact_path", sa.Text),
-    sa.Column("result_metrics", sa.JSON),
-    # Recovery counters: worker-group restarts after failures, node preemptions, elastic
-    # resizes, and optimizer steps trained twice because they came after the last checkpoint.
-    sa.Column("restarts", sa.Integer, nullable=False, default=0),
-    sa.Column("preemptions", sa.Integer, nullable=False, default=0),
-    sa.Column("resizes", sa.Integer, nullable=False, default=0),
-    sa.Column("lost_steps", sa.Integer, nullable=False, default=0),
-    #: The planner's choice, made once when the job is accepted (validation.Choice as a dict).
-    sa.Column("plan", sa.JSON),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("started_at", sa.DateTime(timezone=True)),
-    sa.Column("finished_at", sa.DateTime(timezone=True)),
-)
-
-job_events = sa.Table(
-    "job_events",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id"), nullable=False, index=True),
-    sa.Column("attempt", sa.Integer, nullable=False, default=0),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("type", sa.String(64), nullable=False),
-    sa.Column("level", sa.String(16), nullable=False),
-    sa.Column("message", sa.Text, nullable=False),
-    sa.Column("data", sa.JSON, nullable=False),
-)
-
-job_metrics = sa.Table(
-    "job_metrics",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id"), nullable=False, index=True),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("step", sa.Integer, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("values", sa.JSON, nullable=False),
-)
-
-checkpoints = sa.Table(
-    "checkpoints",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id"), nullable=False, index=True),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("step", sa.Integer, nullable=False),
-    sa.Column("path", sa.Text, nullable=False),
-    sa.Column("metrics", sa.JSON, nullable=False),
-    sa.Column("world_size", sa.Integer),
-    sa.Column("reason", sa.String(32)),
-    sa.Column("size_bytes", sa.BigInteger),
-    sa.Column("save_seconds", sa.Float),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-)
-
+# The tables live in service/schema.py; they are named here too, as the store's own.
+from eft.service.schema import checkpoints, job_events, job_metrics, jobs, metadata  # noqa: F401
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -437,7 +363,3 @@ class Store:
             return True
         except sa.exc.SQLAlchemyError:
             return False
-
-
-# The accounts, files and idempotency tables share this metadata, so Store creates them too.
-import eft.service.schema  # noqa: E402,F401

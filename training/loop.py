@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import ray.train
 import ray.train.torch
 
 from eft.training import checkpoint
 from eft.training.config import TrainConfig
+from eft.training.steps import host_peak_memory_gb, lr_lambda, peak_memory_gb, token_loss_sum
 from eft.training.data import DataError, collate, global_batch_indices, shard_for_rank
 from eft.training.datacache import load_examples_cached
 from eft.training.errors import TrainingUserError
@@ -42,23 +42,6 @@ from eft.training.strategies import build_strategy
 PREEMPTION_CHECK_INTERVAL_S = 1.0
 #: How long past the preemption deadline a worker waits to be stopped before giving up.
 PREEMPTION_TEARDOWN_GRACE_S = 60.0
-
-
-def lr_lambda(cfg: TrainConfig):
-    """Multiplier of the peak learning rate at each optimizer step: warmup, then decay."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        if cfg.lr_scheduler == "constant":
-            return 1.0
-        progress = (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps)
-        progress = min(1.0, progress)
-        if cfg.lr_scheduler == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def _all_reduce_sum(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
@@ -84,32 +67,6 @@ def delivered_preemption_notice() -> Any:
         return get_train_context().preemption_context.preemption_info
     except (ImportError, AttributeError, RuntimeError):
         return ray.train.get_preemption_info()
-
-
-def peak_memory_gb(device: torch.device) -> float:
-    """This worker's peak memory in GB (10^9 bytes, the planner's unit): the CUDA allocator's
-    peak on a GPU, the process's peak resident set size on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1e9
-    return host_peak_memory_gb()
-
-
-def host_peak_memory_gb() -> float:
-    """This process's peak resident set size in GB."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB
-
-
-def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum of next-token cross-entropy over the target tokens of a micro-batch (fp32)."""
-    # A packed batch has position_ids and no attention_mask: transformers then masks attention
-    # block-diagonally (see training/packing.py). No KV cache in training.
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
-    logits = model(**inputs, use_cache=False).logits
-    shift_logits = logits[:, :-1, :].float().flatten(0, 1)
-    shift_labels = batch["labels"][:, 1:].flatten()
-    return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
 
 
 @dataclass

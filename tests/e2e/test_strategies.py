@@ -1,17 +1,24 @@
-"""Every strategy trains the same model: for one seed, data and global batch, the LoRA weights
-after N steps under FSDP2 agree with DDP's, and the loss falls under each. Real Ray Train
-workers (2, gloo on CPU), the bundled tiny Llama, fp32.
+"""Every strategy trains the same model, through the production trainer: each run is a job's
+attempt as the service runs it (`training/driver.py:run`, its `JobTrainer`, progress actor and
+controller callbacks, reporting through the service's `StoreReporter` into a SQLite job store,
+and publishing the artifact), with real Ray Train workers (gloo on CPU) on the bundled tiny
+Llama in fp32. Each strategy trains once; agreement, resume and world-size changes are checked
+on those same runs:
 
-Tolerance: in fp32 on CPU the strategies differ only in the order of floating-point
-reductions (all-reduce vs reduce-scatter vs ZeRO's bucketed reduce), ~1e-7 relative per
+- ddp trains 6 steps uninterrupted (the reference), and again as 3 steps plus a resumed 3 at the
+  same world size: the same run.
+- zero1 trains 6 steps on 2 workers.
+- fsdp, zero2 and zero3 train 3 steps on 2 workers and resume on 1: their checkpoints hold
+  consolidated trainable and optimizer state, so the result still agrees with ddp's.
+
+Tolerance: in fp32 on CPU the strategies differ only in the order of floating-point reductions
+(all-reduce vs reduce-scatter vs ZeRO's bucketed reduce, and 1 worker vs 2), ~1e-7 relative per
 gradient. Adam divides each gradient by its running RMS, so for an element whose gradient is
 near zero that round-off can move the update by a visible fraction of one step (lr = 3e-3).
-Packed micro-batches (whole examples laid end to end) change the summation order once more,
-and one element in a thousand has been seen 1.6% of a 6-step budget away under ZeRO-2.
 Hence three bounds: no element beyond 5% of the most an element can move in 6 steps
 (lr x 6 = 1.8e-2, so 9e-4), fewer than 1% of elements beyond 1e-4, and the mean absolute
-difference over all weights below 1e-6. A skipped micro-batch, a wrong per-rank weighting or a
-wrong learning rate moves most elements by ~1e-3 and fails the last two.
+difference over all weights below 1e-6. A skipped micro-batch, a wrong per-rank weighting, a
+lost optimizer state or a wrong learning rate moves most elements by ~1e-3 and fails the last two.
 """
 
 from __future__ import annotations
@@ -20,14 +27,15 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import ray
 import torch
-from ray.train import CheckpointConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
 from safetensors.torch import load_file
 
+from eft.service.reporter import StoreReporter
+from eft.service.store import Store
+from eft.training import driver
 from eft.training.config import LoraSpec, TrainConfig
-from eft.training.loop import train_loop_per_worker
+from eft.training.reporting import RunSpec
+from eft.types.jobs import JobStatus
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -35,101 +43,149 @@ STEPS = 6
 LEARNING_RATE = 3e-3
 
 
-@ray.remote(num_cpus=0)
-class Collector:
-    def __init__(self):
-        self.rows = []
+@dataclasses.dataclass
+class Run:
+    """What one job attempt left: its store record, metrics and events, and the artifact's weights."""
 
-    def record(self, step, values):
-        self.rows.append((step, dict(values)))
-        return step
-
-    def resumed(self, step, world_size, reason, load_seconds=0.0):
-        self.rows.append((step, {"resumed_world_size": world_size, "checkpoint_reason": reason}))
-        return 0
-
-    def get(self):
-        return self.rows
+    job: object
+    losses: dict[int, float]
+    world_sizes: set[int]
+    events: list
+    weights: dict[str, torch.Tensor]
 
 
-def _config(strategy: str, root: Path) -> TrainConfig:
-    return TrainConfig(
-        job_id=f"strategy-{strategy}", model_path=str(REPO / "assets/models/tiny-llama"),
+def _config(strategy: str, root: Path, cache: Path, run_name: str, **overrides) -> TrainConfig:
+    cfg = TrainConfig(
+        job_id=run_name, model_path=str(REPO / "assets/models/tiny-llama"),
         training_file=str(REPO / "assets/data/demo/chat_train.jsonl"),
         validation_file=str(REPO / "assets/data/demo/chat_valid.jsonl"),
         method="lora", lora=LoraSpec(r=8, alpha=16, dropout=0.0), total_steps=STEPS,
         # A constant rate, so a run cut short and resumed is the same optimisation.
         num_train_examples=1600, learning_rate=LEARNING_RATE, lr_scheduler="constant", global_batch_size=10,
-        micro_batch_size=2, max_seq_len=96, seed=7, min_workers=2, max_workers=2,
-        strategy=strategy, checkpoint_every_steps=100, checkpoint_root=str(root),
+        micro_batch_size=2, max_seq_len=96, seed=7, min_workers=2, max_workers=2, strategy=strategy,
+        checkpoint_every_steps=100, checkpoint_keep=1, checkpoint_root=str(root / "checkpoints"),
+        artifact_root=str(root / "artifacts"), base_model_name="tiny-llama", data_cache_dir=str(cache),
     )
+    return dataclasses.replace(cfg, **overrides)
 
 
-def _train(strategy: str, root: Path, workers: int = 2, **overrides) -> tuple[dict[str, torch.Tensor], list, dict]:
-    cfg = dataclasses.replace(_config(strategy, root), min_workers=workers, max_workers=workers, **overrides)
-    collector = Collector.remote()
-    result = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"train": cfg.to_dict(), "progress": collector},
-        scaling_config=ScalingConfig(num_workers=workers),
-        run_config=RunConfig(name=cfg.job_id, storage_path=str(root),
-                             checkpoint_config=CheckpointConfig(num_to_keep=1)),
-    ).fit()
-    with result.checkpoint.as_directory() as d:
-        weights = load_file(str(Path(d) / "trainable.safetensors"))
-        saved = {p.name for p in (Path(d) / "adapter").iterdir()}
-        assert "adapter_model.safetensors" in saved or "model.safetensors" in saved  # full: a model
-    return weights, ray.get(collector.get.remote()), result.metrics
+def run_attempt(cfg: TrainConfig, store_url: str) -> Run:
+    """One job's attempt, as the service's Ray Job entrypoint runs it."""
+    store = Store(store_url)
+    job = store.create_job(tenant="tests", request={}, name=cfg.job_id)
+    store.transition(job.id, JobStatus.queued, "validated", config=cfg.to_dict(), total_steps=cfg.total_steps)
+    store.transition(job.id, JobStatus.running, "dispatching attempt 1", attempt=1)
+    spec = RunSpec(job_id=job.id, attempt=1, tenant="tests", name=cfg.job_id)
+    assert driver.run(cfg, spec, StoreReporter(store_url, job.id, 1)) == 0
+    done = store.get_job(job.id)
+    assert done.status is JobStatus.succeeded, (done.error_code, done.error_message)
+    metrics = [m["values"] for m in store.list_metrics(job.id)]
+    artifact = Path(done.artifact_path)
+    weights = next(artifact / name for name in ("adapter_model.safetensors", "model.safetensors")
+                   if (artifact / name).is_file())
+    run = Run(done, {int(m["step"]): m["loss"] for m in metrics if "loss" in m},
+              {int(m["world_size"]) for m in metrics if "world_size" in m},
+              store.list_events(job.id, limit=1000)[0], load_file(str(weights)))
+    store.close()
+    return run
 
 
 @pytest.fixture(scope="module")
-def trained(ray_cluster, tmp_path_factory):
-    """Train each strategy once per module; tests share the runs."""
-    runs: dict[str, tuple] = {}
+def train(ray_cluster, tmp_path_factory):
+    """`train(strategy, resume_workers=None, **overrides)`: one job (or, with `resume_workers`,
+    3 steps on 2 workers and a second job that resumes them on that many), run once per module."""
+    cache = tmp_path_factory.mktemp("token-cache")
+    store_url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'jobs.db'}"
+    runs: dict[tuple, tuple[Run, ...]] = {}
 
-    def get(strategy: str) -> tuple:
-        if strategy not in runs:
-            runs[strategy] = _train(strategy, tmp_path_factory.mktemp(strategy))
-        return runs[strategy]
+    def get(strategy: str, resume_workers: int | None = None, **overrides) -> tuple[Run, ...]:
+        key = (strategy, resume_workers, tuple(sorted(overrides.items())))
+        if key not in runs:
+            root = tmp_path_factory.mktemp(strategy)
+            name = f"{strategy}-{len(runs)}"
+            if resume_workers is None:
+                runs[key] = (run_attempt(_config(strategy, root, cache, name, **overrides), store_url),)
+            else:
+                first = run_attempt(_config(strategy, root, cache, name, total_steps=3), store_url)
+                # The same Ray Train run name: the second job resumes from the first's checkpoint.
+                rest = run_attempt(_config(strategy, root, cache, name, min_workers=resume_workers,
+                                           max_workers=resume_workers), store_url)
+                runs[key] = (first, rest)
+        return runs[key]
 
     return get
 
 
-STRATEGIES = ["fsdp", "zero1", "zero2", "zero3"]
+#: strategy -> the workers its second half resumes on (None: trains 6 steps uninterrupted).
+MATRIX = {"ddp": None, "zero1": None, "fsdp": 1, "zero2": 1, "zero3": 1}
 
 
-@pytest.mark.parametrize("strategy", ["ddp", *STRATEGIES])
-def test_loss_falls(strategy, trained):
-    weights, rows, final = trained(strategy)
-    losses = [v["loss"] for _, v in rows if "loss" in v]
-    assert len(losses) == STEPS and losses[-1] < losses[0]
-    assert all(v["world_size"] == 2 for _, v in rows)
-    assert final["eval_loss"] < 5.0
+def _losses(runs: tuple[Run, ...]) -> dict[int, float]:
+    return {step: loss for run in runs for step, loss in run.losses.items()}
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_strategy_matches_ddp(strategy, trained):
-    ref_weights, ref_rows, _ = trained("ddp")
-    weights, rows, _ = trained(strategy)
-    assert set(weights) == set(ref_weights) and len(weights) > 0
-    diffs = torch.cat([(weights[n] - t).abs().flatten() for n, t in ref_weights.items()])
+def _assert_agrees(weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+    assert set(weights) == set(reference) and len(weights) > 0
+    diffs = torch.cat([(weights[n] - t).abs().flatten() for n, t in reference.items()])
     assert float(diffs.max()) < 0.05 * LEARNING_RATE * STEPS
     assert float((diffs > 1e-4).double().mean()) < 0.01
     assert float(diffs.mean()) < 1e-6
-    ref_losses = [v["loss"] for _, v in ref_rows if "loss" in v]
-    losses = [v["loss"] for _, v in rows if "loss" in v]
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
 
 
+@pytest.mark.parametrize("strategy", list(MATRIX))
+def test_loss_falls(strategy, train):
+    runs = train(strategy, MATRIX[strategy])
+    losses = _losses(runs)
+    assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
+    assert runs[0].world_sizes == {2}
+    assert runs[-1].job.result_metrics["eval_loss"] < 5.0
+
+
+@pytest.mark.parametrize("strategy", [s for s in MATRIX if s != "ddp"])
+def test_strategy_matches_ddp(strategy, train):
+    (reference,) = train("ddp")
+    runs = train(strategy, MATRIX[strategy])
+    _assert_agrees(runs[-1].weights, reference.weights)
+    losses = _losses(runs)
+    # The first 3 steps run on 2 workers as ddp's did; a resumed second half on 1 worker sums
+    # in another order.
+    assert [losses[s] for s in (1, 2, 3)] == pytest.approx([reference.losses[s] for s in (1, 2, 3)], rel=1e-5)
+    assert [losses[s] for s in (4, 5, 6)] == pytest.approx([reference.losses[s] for s in (4, 5, 6)], rel=1e-4)
+
+
+def test_resume_at_the_same_size_continues_the_same_run(train):
+    """ddp stopped after 3 steps and started again under the same run name: Ray Train resumes
+    from the checkpoint, steps 1-3 are not redone, and the result is the uninterrupted run's."""
+    (whole,) = train("ddp")
+    first, rest = train("ddp", resume_workers=2)
+    assert sorted(first.losses) == [1, 2, 3] and sorted(rest.losses) == [4, 5, 6]
+    resumed = [e.data for e in rest.events if e.type == "resumed"]
+    assert [(r["step"], r["world_size"], r["checkpoint_reason"], r["lost_steps"]) for r in resumed] == [
+        (3, 2, "final", 0)]
+    for name, tensor in whole.weights.items():
+        torch.testing.assert_close(rest.weights[name], tensor, rtol=1e-3, atol=1e-4)
+    assert _losses((first, rest)) == pytest.approx(whole.losses, rel=1e-5)
+
+
+@pytest.mark.parametrize("strategy", [s for s, workers in MATRIX.items() if workers == 1])
+def test_resume_at_another_world_size(strategy, train):
+    first, rest = train(strategy, 1)
+    assert first.world_sizes == {2} and rest.world_sizes == {1}
+    assert sorted(rest.losses) == [4, 5, 6]  # steps 1-3 not redone
+    resumed = [e.data for e in rest.events if e.type == "resumed"]
+    assert [(r["step"], r["world_size"], r["checkpoint_reason"]) for r in resumed] == [(3, 1, "final")]
+    assert rest.job.result_metrics["world_size"] == 1
+
+
+#: Options, each trained once with the strategy they concern; several share a run where they
+#: combine in practice.
 OPTIONS = {
-    "ddp-gradient-checkpointing": ("ddp", {"gradient_checkpointing": True}),
+    "ddp-gradient-checkpointing-eager-attention": ("ddp", {"gradient_checkpointing": True, "attention": "eager"}),
     "ddp-bf16": ("ddp", {"precision": "bf16"}),
     "ddp-fp16-loss-scaling": ("ddp", {"precision": "fp16"}),
-    "ddp-eager-attention": ("ddp", {"attention": "eager"}),
     "fsdp-bf16-offload": ("fsdp", {"precision": "bf16", "offload": "optimizer+params"}),
-    "zero2-offload-optimizer": ("zero2", {"offload": "optimizer"}),
+    "zero2-bf16-offload-optimizer": ("zero2", {"precision": "bf16", "offload": "optimizer"}),
     "zero3-offload-params-checkpointing": ("zero3", {"offload": "optimizer+params", "gradient_checkpointing": True}),
-    "zero2-bf16": ("zero2", {"precision": "bf16"}),
     "qlora-8bit": ("ddp", {"method": "qlora", "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_bits=8)}),
     "qlora-4bit-fp4-checkpointing": ("ddp", {"method": "qlora", "gradient_checkpointing": True,
                                              "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_type="fp4")}),
@@ -138,43 +194,12 @@ OPTIONS = {
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
-def test_each_option_trains(name, ray_cluster, tmp_path):
+def test_each_option_trains(name, train):
     strategy, overrides = OPTIONS[name]
-    weights, rows, final = _train(strategy, tmp_path, **overrides)
-    losses = [v["loss"] for _, v in rows if "loss" in v]
-    assert len(losses) == STEPS and all(map(lambda x: x == x, losses))  # no NaN
+    (run,) = train(strategy, **overrides)
+    losses = [run.losses[s] for s in sorted(run.losses)]
+    assert len(losses) == STEPS and all(loss == loss for loss in losses)  # no NaN
     assert losses[-1] < losses[0], losses
+    final = run.job.result_metrics
     assert final["peak_memory_gb"] > 0.05 and final["peak_memory_gb_rank1"] > 0.05
-    assert weights
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2", "zero3"])
-def test_resume_from_checkpoint_continues_the_same_run(strategy, trained, tmp_path):
-    """Stop after 3 steps, start again under the same run name: Ray resumes from the
-    checkpoint, and the result matches the uninterrupted run."""
-    whole, whole_rows, _ = trained(strategy)
-    _train(strategy, tmp_path, total_steps=3)
-    resumed, resumed_rows, _ = _train(strategy, tmp_path)
-    assert [s for s, v in resumed_rows if "loss" in v] == [4, 5, 6]  # steps 1-3 not redone
-    for name, tensor in whole.items():
-        torch.testing.assert_close(resumed[name], tensor, rtol=1e-3, atol=1e-4)
-    whole_losses = {s: v["loss"] for s, v in whole_rows if "loss" in v}
-    assert [v["loss"] for s, v in resumed_rows if "loss" in v] == pytest.approx(
-        [whole_losses[s] for s in (4, 5, 6)], rel=1e-5)
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2", "zero3"])
-def test_resume_at_another_world_size(strategy, trained, tmp_path):
-    """Stop after 3 steps on 2 workers, resume on 1: the checkpoint holds consolidated
-    trainable and optimizer state, so the result still matches the uninterrupted 2-worker run."""
-    whole, whole_rows, _ = trained(strategy)
-    _train(strategy, tmp_path, total_steps=3)
-    resumed, resumed_rows, final = _train(strategy, tmp_path, workers=1)
-    assert (3, {"resumed_world_size": 1, "checkpoint_reason": "final"}) in resumed_rows
-    assert [s for s, v in resumed_rows if "loss" in v] == [4, 5, 6]
-    assert final["world_size"] == 1
-    for name, tensor in whole.items():
-        torch.testing.assert_close(resumed[name], tensor, rtol=1e-3, atol=1e-4)
-    whole_losses = {s: v["loss"] for s, v in whole_rows if "loss" in v}
-    assert [v["loss"] for s, v in resumed_rows if "loss" in v] == pytest.approx(
-        [whole_losses[s] for s in (4, 5, 6)], rel=1e-4)
+    assert run.weights

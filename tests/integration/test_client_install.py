@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/integration/test_client_install.py -q
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -28,7 +29,13 @@ def _run(*args: str | Path, cwd: Path | None = None, check: bool = True) -> subp
 def client_venv(tmp_path_factory) -> tuple[Path, Path]:
     """A fresh venv with the project's wheel installed without extras; returns (venv, wheel)."""
     root = tmp_path_factory.mktemp("client-install")
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", root / "dist", REPO)
+    # Built from a copy, so that the build leaves nothing in the checkout.
+    source = root / "source"
+    for name in ("api", "service", "training", "eft"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", root / "dist", source)
     (wheel,) = (root / "dist").glob("eft-*.whl")
     venv.create(root / "venv", with_pip=True)
     python = root / "venv" / "bin" / "python"

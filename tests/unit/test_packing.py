@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eft.training.data import IGNORE_INDEX, Example, collate
-from eft.training.loop import token_loss_sum
+from eft.training.steps import token_loss_sum
 from eft.training.packing import collate_packed, pack_rows, packed_micro_batches, real_tokens
 
 PAD = 0
