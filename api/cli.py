@@ -13,6 +13,7 @@ client has; Ray, FastAPI and the store load inside the commands.
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated, Any
 
 import typer
@@ -25,7 +26,8 @@ GROUPS = {"keys": "Create, list and revoke API keys (admin; needs the store)."}
 
 def _service_local():
     try:
-        from eft.api import local  # ray and fastapi: only for up/down
+        # Ray and FastAPI load here only, for up/down (`import_module` looks in sys.modules first).
+        local = importlib.import_module("eft.api.local")
     except ImportError as exc:
         raise CliError(f"`eft up`/`eft down` need the server: pip install 'eft[server]' ({exc})") from exc
     return local

@@ -13,6 +13,9 @@ import time
 
 import httpx
 import pytest
+from pydantic import BaseModel
+
+from eft import Client
 
 # The one HTTP client e2e tests talk to the service with (absolute URLs), so that headers the
 # service requires, such as credentials, are set in one place by the `service` fixture.
@@ -30,6 +33,24 @@ def use_admin_key() -> str:
     for client in {id(api): api, id(shared.api): shared.api}.values():
         client.headers["Authorization"] = f"Bearer {shared.ADMIN_KEY}"
     return shared.ADMIN_KEY
+
+
+_CLIENTS: dict[str, "Client"] = {}
+
+
+def client(url: str) -> Client:
+    """The `eft.Client` the e2e tests drive the service with, as the deployments' bootstrap
+    admin (tenant "default"). Raw HTTP (`api`) is kept for what the client does not expose."""
+    from tests.e2e import conftest as shared
+
+    if url not in _CLIENTS:
+        _CLIENTS[url] = Client(base_url=url, api_key=shared.ADMIN_KEY, timeout=60)
+    return _CLIENTS[url]
+
+
+def as_json(model: BaseModel) -> dict:
+    """A client answer as the JSON the REST API sent."""
+    return model.model_dump(mode="json")
 
 
 def _free_port() -> int:
@@ -105,11 +126,11 @@ def wait_for(job_id: str, url: str, statuses: set[str], timeout_s: float = 420) 
     deadline = time.monotonic() + timeout_s
     terminal = {"succeeded", "failed", "cancelled"}
     while time.monotonic() < deadline:
-        job = api.get(f"{url}/jobs/{job_id}", timeout=30).json()
+        job = as_json(client(url).jobs.retrieve(job_id))
         if job["status"] in statuses:
             return job
         if job["status"] in terminal:
-            events = api.get(f"{url}/jobs/{job_id}/events", timeout=30).json()["data"]
+            events = as_json(client(url).jobs.list_events(job_id, limit=1000))["data"]
             pytest.fail(f"job ended {job['status']}: {job.get('error')}\n{events}")
         time.sleep(0.5)
     pytest.fail(f"job {job_id} did not reach {statuses} in {timeout_s}s; last: {job['status']}")

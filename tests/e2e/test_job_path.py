@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import api, wait_for
+from tests.e2e.conftest import as_json, client, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -57,9 +57,7 @@ LOAD_IN_FRESH_PROCESS = textwrap.dedent("""
 
 
 def _post(url: str, body: dict) -> dict:
-    r = api.post(f"{url}/jobs", json=body, timeout=60)
-    assert r.status_code == 201, r.text
-    return r.json()
+    return as_json(client(url).jobs.create(body))
 
 
 def test_lora_job_over_http_produces_a_loadable_adapter(service):
@@ -83,20 +81,20 @@ def test_lora_job_over_http_produces_a_loadable_adapter(service):
     assert all(m > 0.05 for m in memory["measured_peak_per_worker"])
     assert manifest["final_metrics"]["eval_loss"] == pytest.approx(done["result_metrics"]["eval_loss"])
 
-    metrics = api.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
+    metrics = as_json(client(url).jobs.metrics(job["id"]))["data"]
     steps = [m for m in metrics if "loss" in m["values"]]
     assert [m["step"] for m in steps] == list(range(1, 13))
     assert all(m["values"]["world_size"] == 2 and m["values"]["tokens_per_s"] > 0 for m in steps)
     assert steps[-1]["values"]["loss"] < steps[0]["values"]["loss"]
     assert steps[0]["values"]["learning_rate"] < steps[2]["values"]["learning_rate"]  # warmup
 
-    events = [e["type"] for e in api.get(f"{url}/jobs/{job['id']}/events").json()["data"]]
+    events = [e.type for e in client(url).jobs.list_events(job["id"])]
     for expected in ("created", "queued", "dispatched", "submitted", "training_started",
                      "checkpoint_saved", "succeeded"):
         assert expected in events
     assert events.index("queued") < events.index("dispatched") < events.index("succeeded")
-    checkpoints = api.get(f"{url}/jobs/{job['id']}/checkpoints").json()["data"]
-    assert [c["step"] for c in checkpoints] == [5, 10, 12]
+    checkpoints = client(url).jobs.checkpoints(job["id"])
+    assert [c.step for c in checkpoints] == [5, 10, 12]
 
     base_dir = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-llama"
     valid = Path(__file__).resolve().parents[2] / "assets" / "data" / "demo" / "chat_valid.jsonl"
@@ -130,11 +128,10 @@ def test_cancel_stops_the_ray_job_and_its_workers(service):
             "name": "e2e-cancel", "strategy": "zero2"}
     job = _post(url, body)
     deadline = time.monotonic() + 300
-    while not api.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]:
+    while not as_json(client(url).jobs.metrics(job["id"]))["data"]:
         assert time.monotonic() < deadline, "the job never reported a step"
         time.sleep(0.5)
-    r = api.post(f"{url}/jobs/{job['id']}/cancel")
-    assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled")
+    assert client(url).jobs.cancel(job["id"]).status.value in ("cancelling", "cancelled")
     started = time.monotonic()
     done = wait_for(job["id"], url, {"cancelled"}, timeout_s=120)
     assert done["finished_at"] and time.monotonic() - started < 60
@@ -174,7 +171,7 @@ def test_data_that_cannot_train_fails_with_a_user_error(service):
     job = _post(url, {"model": "tiny-llama", "training_file": str(data),
                       "hyperparameters": {"max_seq_len": 16}})
     deadline = time.monotonic() + 120
-    while (failed := api.get(f"{url}/jobs/{job['id']}").json())["status"] != "failed":
+    while (failed := as_json(client(url).jobs.retrieve(job["id"])))["status"] != "failed":
         assert failed["status"] in ("validating",), failed
         assert time.monotonic() < deadline
         time.sleep(0.5)
@@ -210,7 +207,7 @@ def test_qlora_job_trains_on_4bit_base_weights(service):
     done = wait_for(job["id"], url, {"succeeded"})
     # Every linear layer of the 4 decoder layers (7 each) held 4-bit weights while training.
     assert done["result_metrics"]["quantized_linear_layers"] == 28
-    losses = [m["values"]["loss"] for m in api.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
+    losses = [m["values"]["loss"] for m in as_json(client(url).jobs.metrics(job["id"]))["data"]
               if "loss" in m["values"]]
     assert len(losses) == 8 and losses[-1] < losses[0]
     manifest = json.loads((Path(done["artifact_path"]) / "eft_manifest.json").read_text())

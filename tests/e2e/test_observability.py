@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from tests.e2e.conftest import api, wait_for
+from tests.e2e.conftest import api, as_json, client, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -74,9 +74,7 @@ class RaySeries(threading.Thread):
 @pytest.fixture(scope="module")
 def watched_job(service):
     url = service["url"]
-    r = api.post(f"{url}/jobs", json=JOB, timeout=60)
-    assert r.status_code == 201, r.text
-    job_id = r.json()["id"]
+    job_id = client(url).jobs.create(JOB).id
     series = RaySeries(service["ray_metrics_url"], job_id)
     series.start()
     done = wait_for(job_id, url, {"succeeded"})
@@ -122,7 +120,7 @@ def test_service_metrics_parse_with_request_and_job_status_values(watched_job):
     # Jobs by status match the store, as the API lists it.
     deadline = time.monotonic() + 30
     while True:
-        listed = {s: len(api.get(f"{url}/jobs", params={"status": s, "limit": 100}).json()["data"])
+        listed = {s: len(client(url).jobs.list(limit=100, status=s).data)
                   for s in ("succeeded", "failed", "queued", "running")}
         exported = {s: samples()[("eft_jobs", (("status", s),))] for s in listed}
         if exported == listed or time.monotonic() > deadline:
@@ -136,7 +134,7 @@ def test_service_metrics_parse_with_request_and_job_status_values(watched_job):
 
 def test_logs_return_the_drivers_lines_whole_and_streamed(watched_job):
     url, job_id = watched_job["url"], watched_job["job"]["id"]
-    logs = api.get(f"{url}/jobs/{job_id}/logs").json()
+    logs = as_json(client(url).jobs.logs(job_id))
     assert logs["ray_submission_id"] == f"{job_id}-attempt-1"
     driver_lines = [json.loads(line) for line in logs["data"].splitlines()
                     if line.startswith("{") and '"logger": "eft.driver"' in line]
@@ -146,6 +144,9 @@ def test_logs_return_the_drivers_lines_whole_and_streamed(watched_job):
         assert r.headers["content-type"].startswith("text/event-stream")
         streamed = list(r.iter_lines())
     assert "event: end" in streamed and any(job_id in line and "succeeded" in line for line in streamed)
+    # The client reads the same stream: every line, until the end event.
+    followed = list(client(url).jobs.follow_logs(job_id))
+    assert any(job_id in line and "succeeded" in line for line in followed)
 
 
 def test_eft_jobs_plot_writes_a_png(watched_job, tmp_path):
@@ -181,8 +182,7 @@ def test_ui_renders_the_job_list_and_a_job_page_with_a_chart(watched_job):
     assert f'data-job-id="{job["id"]}"' in listing and "e2e-observe" in listing
     page_url = f"{url}/ui/jobs/{job['id']}{fragment}"
     page = _chromium("--dump-dom", page_url)
-    rows = api.get(f"{url}/jobs/{job['id']}/metrics").json()["data"]
-    points = sum("loss" in row["values"] for row in rows)
+    points = sum("loss" in row.values for row in client(url).jobs.metrics(job["id"]))
     assert points == job["total_steps"] and f'data-points="{points}"' in page
     assert page.count("<canvas") >= 2 and 'data-status="succeeded"' in page
     assert f'"job_id": "{job["id"]}"' in page  # the manifest was rendered

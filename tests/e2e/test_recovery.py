@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.e2e.conftest import api, wait_for
+from tests.e2e.conftest import as_json, client, wait_for
 
 pytestmark = pytest.mark.e2e
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -47,20 +47,19 @@ def _body(name: str, steps: int, workers: int | tuple[int, int] = 2, **extra: An
 
 
 def _post(url: str, body: dict) -> dict:
-    response = api.post(f"{url}/jobs", json=body, timeout=30)
-    assert response.status_code == 201, response.text
-    return response.json()
+    return as_json(client(url).jobs.create(body))
 
 
 def _get(url: str, job_id: str, what: str = "") -> Any:
-    response = api.get(f"{url}/jobs/{job_id}{what}", timeout=30)
-    assert response.status_code == 200, response.text
-    body = response.json()
-    return body["data"] if what else body
+    """The job, or with `what` one of its lists (`/metrics`, `/checkpoints`), as JSON."""
+    jobs = client(url).jobs
+    if not what:
+        return as_json(jobs.retrieve(job_id))
+    return as_json({"/metrics": jobs.metrics, "/checkpoints": jobs.checkpoints}[what](job_id))["data"]
 
 
 def _events(url: str, job_id: str) -> list[dict]:
-    return _get(url, job_id, "/events?limit=1000")
+    return as_json(client(url).jobs.list_events(job_id, limit=1000))["data"]
 
 
 def _until(what: str, check: Callable[[], Any], timeout_s: float = 240) -> Any:

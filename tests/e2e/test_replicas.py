@@ -26,7 +26,8 @@ def postgres_schema():
 def two_replicas(service, postgres_schema):
     from ray import serve
 
-    from eft.api.local import APP_NAME, deploy_app, wait_healthy
+    from eft.api.local import deploy_app, wait_healthy
+    from eft.api.serve_config import APP_NAME
 
     serve.delete(APP_NAME)
     deploy_app({**service["env"], "EFT_DATABASE_URL": postgres_schema}, num_replicas=2)
