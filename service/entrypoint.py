@@ -68,7 +68,8 @@ def run(job_id: str, attempt: int) -> int:
     if job.attempt != attempt or job.status not in (JobStatus.running, JobStatus.cancelling):
         log.warning("job %s is %s on attempt %s; attempt %s exits", job_id, job.status, job.attempt, attempt)
         return 0
-    reporter = StoreReporter(settings.resolved_database_url, job_id, attempt)
+    # One engine per process: the driver's reporter shares this store.
+    reporter = StoreReporter(settings.resolved_database_url, job_id, attempt, store=store)
     return driver.run(TrainConfig.from_dict(job.config or {}), run_spec(job, settings), reporter)
 
 

@@ -15,9 +15,11 @@ from eft.types.jobs import JobStatus
 
 
 class StoreReporter:
-    def __init__(self, database_url: str, job_id: str, attempt: int):
+    def __init__(self, database_url: str, job_id: str, attempt: int, store: Store | None = None):
+        """`store`: an open store of this process to share (the entrypoint's); a process the
+        reporter is pickled into opens its own."""
         self.database_url, self.job_id, self.attempt = database_url, job_id, attempt
-        self._store: Store | None = None
+        self._store = store
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_store": None}
