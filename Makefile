@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml deploy/install.sh deploy/constraints.txt
 	PYTHON=$(PYTHON) sh deploy/install.sh $(VENV) $(TORCH_VERSION) server,test
 	touch $(STAMP)
 
-$(MODEL): $(STAMP) training/tiny.py
+$(MODEL): $(STAMP) training/tiny.py training/tiny_data.py
 	$(PY) -m eft.training.tiny --out assets
 
 demo: setup
