@@ -5,6 +5,8 @@
     eft keys create --tenant team-a [--role admin] [--name ci]   # prints the key once
     eft keys list [--tenant team-a]
     eft keys revoke key_...
+    eft tenants set team-a --max-active-jobs 4 --max-gpus 8 [--queue-over-quota]
+    eft tenants get team-a
 
 `eft keys` runs on a machine that reaches the service's database (EFT_DATABASE_URL, or the
 SQLite file under EFT_HOME); it needs no running service. This module imports only what the
@@ -21,7 +23,8 @@ from rich.text import Text
 
 from eft.cli import AsJson, CliError, _emit_json, _table, out
 
-GROUPS = {"keys": "Create, list and revoke API keys (admin; needs the store)."}
+GROUPS = {"keys": "Create, list and revoke API keys (admin; needs the store).",
+          "tenants": "Set and show a tenant's quotas (admin; needs the store)."}
 
 
 def _service_local():
@@ -133,5 +136,54 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="Key id, e.g. key_...
     out.print(Text(f"revoked {record.id} ({record.tenant})"))
 
 
+def _limits(tenant: str) -> tuple[Any, Any, Any]:
+    """(store, quotas module, settings) for the tenant commands."""
+    try:
+        from eft.service import quotas
+        from eft.service.settings import get_settings
+        from eft.service.store import Store
+    except ImportError as exc:
+        raise CliError(f"`eft tenants` needs the server: pip install 'eft[server]' ({exc})") from exc
+    settings = get_settings()
+    return Store(settings.resolved_database_url), quotas, settings
+
+
+def _show_limits(tenant: str, limits: Any, as_json: bool) -> None:
+    row = {"tenant": tenant, "max_active_jobs": limits.max_active_jobs, "max_cpus": limits.max_cpus,
+           "max_gpus": limits.max_gpus, "queue_over_quota": limits.queue_over_quota}
+    if as_json:
+        return _emit_json(row)
+    out.print(_table("", "", rows=list(row.items())))
+
+
+def tenants_set(
+    tenant: Annotated[str, typer.Argument(help="Tenant id, e.g. team-a.")],
+    max_active_jobs: Annotated[int | None, typer.Option(min=0, help="Validating, queued and running jobs.")] = None,
+    max_cpus: Annotated[float | None, typer.Option(min=0, help="CPUs its active jobs may ask for.")] = None,
+    max_gpus: Annotated[float | None, typer.Option(min=0, help="GPUs its active jobs may ask for.")] = None,
+    queue_over_quota: Annotated[bool, typer.Option(help="Accept jobs over the limits; they wait queued.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Replace a tenant's quotas (an option left out takes the server's default):
+    `eft tenants set team-a --max-active-jobs 4 --max-gpus 8`."""
+    store, quotas, settings = _limits(tenant)
+    try:
+        quotas.set_tenant_limits(store, tenant, max_active_jobs=max_active_jobs, max_cpus=max_cpus,
+                                 max_gpus=max_gpus, queue_over_quota=queue_over_quota)
+        _show_limits(tenant, quotas.limits_for(store, tenant, settings), as_json)
+    finally:
+        store.close()
+
+
+def tenants_get(tenant: Annotated[str, typer.Argument(help="Tenant id, e.g. team-a.")],
+                as_json: AsJson = False) -> None:
+    """Show the quotas in force for a tenant, defaults filled in: `eft tenants get team-a`."""
+    store, quotas, settings = _limits(tenant)
+    try:
+        _show_limits(tenant, quotas.limits_for(store, tenant, settings), as_json)
+    finally:
+        store.close()
+
+
 COMMANDS = {"up": up, "down": down, "keys create": keys_create, "keys list": keys_list,
-            "keys revoke": keys_revoke}
+            "keys revoke": keys_revoke, "tenants set": tenants_set, "tenants get": tenants_get}

@@ -107,6 +107,19 @@ def test_eft_keys_create_list_revoke_against_the_store(client, eft_home):
     assert runner.invoke(cli, ["keys", "create", "--role", "root"]).exit_code == 2
 
 
+def test_eft_tenants_set_and_get_the_quotas_the_api_enforces(client, eft_home):
+    runner = CliRunner()
+    made = runner.invoke(cli, ["tenants", "set", "team-q", "--max-active-jobs", "0", "--max-gpus", "2", "--json"])
+    assert made.exit_code == 0, made.output
+    limits = json.loads(made.stdout)
+    assert (limits["max_active_jobs"], limits["max_gpus"], limits["queue_over_quota"]) == (0, 2, False)
+    assert json.loads(runner.invoke(cli, ["tenants", "get", "team-q", "--json"]).stdout) == limits
+    key = json.loads(runner.invoke(cli, ["keys", "create", "--tenant", "team-q", "--json"]).stdout)["key"]
+    refused = client.post("/jobs", headers=_auth(key), json={"model": "tiny-llama", "training_file": "x.jsonl"})
+    assert refused.status_code == 429 and refused.json()["error"]["param"] == "tenant.max_active_jobs"
+    assert runner.invoke(cli, ["tenants", "set", "team-q", "--max-cpus", "-1"]).exit_code == 2
+
+
 def test_keys_are_stored_hashed(client, keys):
     import sqlalchemy as sa
 
