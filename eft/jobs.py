@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from eft._base import EventParser, ServerEvent, create_body, list_params, server_events
-from eft._errors import APIConnectionError, WaitTimeoutError
+from eft._base import EventParser, create_body, list_params, server_events
+from eft._errors import WaitTimeoutError
 from eft.types.jobs import (
     Job,
     JobCheckpointList,
@@ -69,17 +69,6 @@ class AsyncJobPage:
             page = await page.next_page()
 
 
-def _log_lines(events: Iterator[ServerEvent], seen: list[str | None]) -> Iterator[str | None]:
-    """Log lines of a followed stream (None when it ends); `seen[0]` keeps the last event id."""
-    for event in events:
-        if event.event is None:
-            seen[0] = event.id or seen[0]
-            yield event.data
-        elif event.event == "end":
-            yield None
-            return
-
-
 class Jobs:
     """`client.jobs`: create, inspect, cancel and wait for fine-tuning jobs."""
 
@@ -135,24 +124,25 @@ class Jobs:
         events from GET /jobs/{id}/logs?follow=true). A dropped connection is resumed from the
         last line received (`Last-Event-ID`), up to `max_retries` times. Raises `EftError`."""
         path, params = f"/jobs/{job_id}/logs", {"follow": "true", "attempt": attempt}
-        seen: list[str | None] = [None]
+        last_id: str | None = None
         for retry in range(self._client.max_retries + 1):
-            kwargs = self._client._follow_kwargs(path, params, seen[0])
+            kwargs = self._client._follow_kwargs(path, params, last_id)
             try:
                 with self._client._http.stream(**kwargs) as response:
                     if not response.is_success:
                         response.read()
                         raise self._client._error(response)
-                    for line in _log_lines(server_events(response.iter_lines()), seen):
-                        if line is None:
+                    for event in server_events(response.iter_lines()):
+                        if event.event == "end":
                             return
-                        yield line
+                        if event.event is None:  # a log line; other events tell of attempts
+                            last_id = event.id or last_id
+                            yield event.data
                 return  # the server closed the stream without an end: nothing more to read
             except httpx.TransportError as exc:
                 if retry >= self._client.max_retries:
                     raise self._client._transport_error(exc, kwargs["url"]) from exc
                 self._client._sleep(self._client._backoff_s(retry))
-        raise APIConnectionError(f"log stream of {job_id} kept dropping")
 
     def wait(self, job_id: str, poll_interval_s: float = 1.0, timeout_s: float | None = None,
              on_progress: ProgressCallback | None = None) -> Job:
