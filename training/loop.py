@@ -1,6 +1,6 @@
 """The training loop that runs in every Ray Train worker.
 
-Run through `training.driver` (a Ray Job entrypoint); `train_loop_per_worker` is what
+Run by the trainer `training/driver.py` builds (in a job's Ray Job); `train_loop_per_worker` is what
 `TorchTrainer` calls on each rank. The recipe has a fixed life: setup (data, model, optimizer,
 resume) -> train (optimizer steps) -> finish (eval, final checkpoint with the adapter).
 
