@@ -118,3 +118,22 @@ def test_the_async_client_follows_logs_the_same_way():
             return [line async for line in client.jobs.follow_logs("ftjob-1")]
 
     assert asyncio.run(follow()) == ["step 1", "step 2", "step 3"] and len(sleeps) == 1
+
+
+def test_the_async_client_has_the_sync_clients_whole_surface():
+    import inspect
+
+    from eft import AsyncClient, Client
+    from eft.files import AsyncFiles, Files
+    from eft.jobs import AsyncJobs, Jobs
+
+    def public(cls: type) -> set[str]:
+        return {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
+
+    for sync, async_ in ((Client, AsyncClient), (Jobs, AsyncJobs), (Files, AsyncFiles)):
+        assert public(sync) == public(async_), sync.__name__
+        for name in public(sync) - {"close"}:
+            method = getattr(async_, name)
+            assert inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method), name
+            assert list(inspect.signature(method).parameters) == list(
+                inspect.signature(getattr(sync, name)).parameters), name
