@@ -104,20 +104,27 @@ def _overlap(found: _Collector, seen: dict[str, int], other: Path, other_name: s
 
 def _token_stats(found: _Collector, good: list[tuple[int, Any]], tokenizer: Any,
                  max_seq_len: int) -> tuple[TokenStats, list[LossToken]]:
+    from eft.training.chat import TemplateError
     from eft.training.data import IGNORE_INDEX, tokenize_record
 
     lengths, loss_total, example = [], 0, None
     for lineno, record in good:
-        full = tokenize_record(tokenizer, record, 1 << 30)
+        try:
+            full = tokenize_record(tokenizer, record, 1 << 30)
+        except TemplateError as exc:
+            found.error(lineno, exc.field, str(exc), f"chat_{exc.rule}")
+            continue
         cut = tokenize_record(tokenizer, record, max_seq_len)
         lengths.append(len(full.input_ids))
         loss_total += cut.loss_tokens
         if cut.loss_tokens == 0:
-            found.error(lineno, "record", f"has no trainable tokens within max_seq_len={max_seq_len}: "
-                        "raise max_seq_len or shorten the prompt", "no_loss_tokens")
+            found.warn(lineno, "record", f"has no trained token within max_seq_len={max_seq_len}, so "
+                       "a job leaves it out: raise max_seq_len or shorten the prompt", "no_loss_tokens")
         if example is None:
             example = [LossToken(token=tokenizer.decode([t]), id=t, loss=label != IGNORE_INDEX)
                        for t, label in list(zip(cut.input_ids, cut.labels))[:MAX_EXAMPLE_TOKENS]]
+    if not lengths:
+        return TokenStats(min=0, max=0, mean=0.0, truncated=0, total=0, loss_tokens=0), []
     stats = TokenStats(min=min(lengths), max=max(lengths), mean=round(sum(lengths) / len(lengths), 1),
                        truncated=sum(1 for n in lengths if n > max_seq_len), total=sum(lengths),
                        loss_tokens=loss_total)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ from eft.service.dataset_check import check_dataset
 from eft.service.errors import Problem, RequestInvalid
 from eft.service.files import FILE_ID, FileNotFound, FileRecord, FileStore
 from eft.service.settings import Settings
-from eft.service.validation import resolve_model
+from eft.service.validation import request_tokenizer, resolve_model
 
 
 def check_job_files(body: Any, tenant: str | None, files: FileStore) -> None:
@@ -31,23 +30,12 @@ def check_job_files(body: Any, tenant: str | None, files: FileStore) -> None:
         raise RequestInvalid(problems=problems)
 
 
-@lru_cache(maxsize=4)
-def _tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
-
-
 def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, tenant: str | None,
                     settings: Settings) -> DatasetReport:
     """The full report of one upload. Raises RequestInvalid for an unknown model or
     validation file; FileNotFound passes through."""
     problems: list[Problem] = []
-    tokenizer = None
-    if req.model:
-        model_path = resolve_model(req.model, settings, problems)
-        if model_path:
-            tokenizer = _tokenizer(model_path)
+    model_path = resolve_model(req.model, settings, problems) if req.model else None
     other = other_name = None
     if req.validation_file:
         try:
@@ -58,6 +46,10 @@ def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, 
                                     f"no file with id {req.validation_file!r}: see GET /files"))
     if problems:
         raise RequestInvalid(problems=problems)
-    return check_dataset(Path(record.path), record.filename,
-                         max_problems=settings.max_validation_errors, tokenizer=tokenizer,
-                         max_seq_len=req.max_seq_len, other=other, other_name=other_name)
+    if model_path is None:
+        return check_dataset(Path(record.path), record.filename, max_problems=settings.max_validation_errors,
+                             max_seq_len=req.max_seq_len, other=other, other_name=other_name)
+    with request_tokenizer(model_path) as tokenizer:
+        return check_dataset(Path(record.path), record.filename,
+                             max_problems=settings.max_validation_errors, tokenizer=tokenizer,
+                             max_seq_len=req.max_seq_len, other=other, other_name=other_name)

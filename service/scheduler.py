@@ -31,6 +31,7 @@ log = logging.getLogger("eft.scheduler")
 Validator = Callable[[JobRecord, Settings], tuple[Any, dict[str, Any]]]
 ACTIVE = (JobStatus.running, JobStatus.cancelling)
 MAX_DISPATCH_FAILURES = 3
+MAX_VALIDATION_FAILURES = 3
 
 
 class Scheduler:
@@ -38,6 +39,7 @@ class Scheduler:
         self.store, self.launcher, self.settings, self.validate = store, launcher, settings, validate
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._validation_failures: Counter[str] = Counter()
 
     def tick(self, reconcile: bool = True) -> None:
         """One pass. Cancelling jobs are reconciled on every pass (a cancel should be prompt);
@@ -95,8 +97,23 @@ class Scheduler:
             self._safe_transition(job, JobStatus.failed, first.message, error_code=f"user_error.{first.code}",
                                   error_message=first.message, error_param=first.param)
             return "failed"
+        except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others'
+            # A platform problem (a file system hiccup, a crash in a library): retried on the
+            # next passes a bounded number of times, then the job fails with the reason.
+            self._validation_failures[job.id] += 1
+            log.exception("validating job %s failed", job.id)
+            if self._validation_failures[job.id] < MAX_VALIDATION_FAILURES:
+                return "retry"
+            del self._validation_failures[job.id]
+            message = f"validation failed {MAX_VALIDATION_FAILURES} times: {type(exc).__name__}: {exc}"
+            self._safe_transition(job, JobStatus.failed, message, error_code="platform_error.validation_failed",
+                                  error_message=message[:2000])
+            return "failed"
+        self._validation_failures.pop(job.id, None)
+        dropped = stats.get("dropped_examples", 0)
+        note = f" ({dropped} left out: no trained token within max_seq_len)" if dropped else ""
         self._safe_transition(
-            job, JobStatus.queued, f"validated: {stats['train_examples']} training examples, "
+            job, JobStatus.queued, f"validated: {stats['train_examples']} training examples{note}, "
             f"{config.total_steps} steps", data=stats, config=config.to_dict(),
             total_steps=config.total_steps,
         )

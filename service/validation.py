@@ -10,14 +10,17 @@ Two stages:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
+import itertools
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from eft.types.jobs import JobCreate, LoraMethod
 from eft.types.plans import Cluster
@@ -25,7 +28,7 @@ from eft.service.errors import Problem, RequestInvalid
 from eft.service.files import FILE_ID, uploaded_path
 from eft.service.settings import Settings
 from eft.training.config import LoraSpec, TrainConfig, steps_for
-from eft.training.formats import ScanResult, scan_jsonl
+from eft.training.formats import ScanResult, iter_jsonl, scan_jsonl
 
 if TYPE_CHECKING:
     from eft.service.store import JobRecord
@@ -176,6 +179,44 @@ def _tokenizer(model_path: str, _signature: tuple[tuple[str, int, int], ...]) ->
     return AutoTokenizer.from_pretrained(model_path)
 
 
+#: Chat records rendered through the model's template on the request path: a template that
+#: refuses the data's shape (no system role, strict alternation, no template) is a 422 at once.
+TEMPLATE_SAMPLE = 32
+_request_tokenizer_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def request_tokenizer(model_path: str) -> Iterator[Any]:
+    """The model's tokenizer for request handlers (which run on many threads): loaded once per
+    directory while its files are unchanged, and used by one thread at a time."""
+    with _request_tokenizer_lock:
+        yield _request_tokenizer(model_path, _tokenizer_signature(model_path))
+
+
+@functools.lru_cache(maxsize=8)
+def _request_tokenizer(model_path: str, _signature: tuple[tuple[str, int, int], ...]) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def check_chat_template(model_path: str, path: Path, param: str, req: JobCreate) -> list[Problem]:
+    """The first chat records of a file rendered and masked with the model's own template."""
+    from eft.training.chat import TemplateError, tokenize_chat
+
+    with request_tokenizer(model_path) as tokenizer:
+        for lineno, record, error in itertools.islice(iter_jsonl(path), TEMPLATE_SAMPLE):
+            if error or not isinstance(record, dict) or "messages" not in record:
+                continue
+            try:
+                tokenize_chat(tokenizer, record["messages"], record.get("tools"),
+                              req.data.train_on, req.data.system_message)
+            except TemplateError as exc:
+                return [Problem(f"{param}:line {lineno}:{exc.field}", f"chat_{exc.rule}",
+                                f"{path.name} line {lineno}: {exc}")]
+    return []
+
+
 def check_request(req: JobCreate, settings: Settings, choice: Choice | None = None) -> ResolvedInputs:
     """Every check that needs no tokenizer, and the plan (`choice` when the job already has
     one). Returns resolved inputs; raises RequestInvalid."""
@@ -204,6 +245,10 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
                                 f"below max_workers ({max_workers}): every worker needs an example "
                                 "per step; raise global_batch_size or lower max_workers"))
     problems += check_optimizations(req)
+    if model_path is not None and not problems:
+        for param, path in (("training_file", train), ("validation_file", valid)):
+            if path is not None and "chat" in scan_cached(path, settings.max_validation_errors).formats:
+                problems += check_chat_template(model_path, path, param, req)
     if problems:
         raise RequestInvalid(problems=problems)
     assert model_path is not None and train is not None
@@ -316,6 +361,7 @@ def build_train_config(
         lr_scheduler=hp.lr_scheduler, warmup_steps=hp.warmup_steps, weight_decay=hp.weight_decay,
         max_grad_norm=hp.max_grad_norm, global_batch_size=hp.global_batch_size,
         micro_batch_size=hp.micro_batch_size, max_seq_len=hp.max_seq_len, seed=hp.seed,
+        train_on=req.data.train_on, system_message=req.data.system_message,
         log_every_steps=hp.log_every_steps, min_workers=req.scaling.min_workers,
         max_workers=req.scaling.resolved_max_workers, use_gpu=req.scaling.use_gpu,
         cpus_per_worker=req.scaling.cpus_per_worker, resources_per_worker=dict(req.scaling.resources),
@@ -347,21 +393,41 @@ def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[
     req = JobCreate.model_validate(job.request)
     inputs = check_request(req, settings, Choice.from_dict(job.plan) if job.plan else None)
     tokenizer = _tokenizer(str(inputs.model_path), _tokenizer_signature(inputs.model_path))
-    max_len = req.hyperparameters.max_seq_len
-    try:
-        cache = str(token_cache_dir(settings))
-        train = load_examples_cached(str(inputs.training_file), tokenizer, max_len, cache)
-        valid = (load_examples_cached(str(inputs.validation_file), tokenizer, max_len, cache)
-                 if inputs.validation_file else [])
-    except DataError as exc:
-        param = "validation_file" if exc.path == str(inputs.validation_file) else "training_file"
-        raise TrainingUserError("user_error.invalid_data", str(exc), param) from None
+    options = tokenize_options(req)
+    cache = str(token_cache_dir(settings))
+    loaded = {}
+    for param, path in (("training_file", inputs.training_file), ("validation_file", inputs.validation_file)):
+        if path is None:
+            continue
+        try:
+            loaded[param] = load_examples_cached(str(path), tokenizer, options, cache)
+        except DataError as exc:
+            raise TrainingUserError(f"user_error.{exc.code}", str(exc), param) from None
+        data = loaded[param]
+        if data.dropped_fraction > req.data.max_dropped_fraction:
+            lines = ", ".join(map(str, data.dropped[:5])) + (", ..." if len(data.dropped) > 5 else "")
+            raise TrainingUserError(
+                "user_error.too_many_dropped", f"{path.name}: {len(data.dropped)} of {data.records} "
+                f"records ({data.dropped_fraction:.0%}, lines {lines}) have no trained token within "
+                f"max_seq_len={options.max_seq_len}, more than data.max_dropped_fraction="
+                f"{req.data.max_dropped_fraction}: raise hyperparameters.max_seq_len, shorten those "
+                "prompts, or raise data.max_dropped_fraction", param)
+    train = loaded["training_file"].examples
+    valid = loaded["validation_file"].examples if "validation_file" in loaded else []
     lengths = [len(e.input_ids) for e in train]
     stats = {
         "train_examples": len(train), "validation_examples": len(valid),
         "train_tokens": sum(lengths), "min_tokens": min(lengths), "max_tokens": max(lengths),
         "mean_tokens": round(sum(lengths) / len(lengths), 1),
-        "truncated_examples": sum(1 for n in lengths if n >= max_len),
+        "truncated_examples": sum(1 for n in lengths if n >= options.max_seq_len),
         "loss_tokens": sum(e.loss_tokens for e in train),
+        "dropped_examples": len(loaded["training_file"].dropped),
+        "dropped_lines": loaded["training_file"].dropped[:20],
     }
     return build_train_config(job.id, req, inputs, len(train), settings), stats
+
+
+def tokenize_options(req: JobCreate) -> Any:
+    from eft.training.data import TokenizeOptions
+
+    return TokenizeOptions(req.hyperparameters.max_seq_len, req.data.train_on, req.data.system_message)

@@ -43,6 +43,10 @@ class TrainConfig:
     global_batch_size: int = 8
     micro_batch_size: int = 4
     max_seq_len: int = 512
+    #: Chat records: train on "assistant" turns, the "last_assistant" turn, or "all" tokens.
+    train_on: str = "assistant"
+    #: Chat records: "keep" the system message or "fold" it into the first user turn.
+    system_message: str = "keep"
     seed: int = 42
     log_every_steps: int = 1
     min_workers: int = 1

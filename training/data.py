@@ -1,4 +1,4 @@
-"""Training data: tokenize JSONL records with loss masks, and a deterministic sample order.
+"""Training data: tokenize records with loss masks, and a deterministic sample order.
 
 The order is a stream of per-epoch permutations of the dataset; optimizer step k takes stream
 positions [k*G, (k+1)*G) for global batch size G and splits them over the workers. It depends
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eft.training.chat import TemplateError, tokenize_chat
 from eft.training.formats import check_record, iter_jsonl
 
 IGNORE_INDEX = -100
@@ -34,70 +35,119 @@ class Example:
 class DataError(Exception):
     """A record that cannot be trained on; names the file, line and field."""
 
-    def __init__(self, path: str, line: int, field: str, message: str):
-        self.path, self.line, self.field = path, line, field
+    def __init__(self, path: str, line: int, field: str, message: str, code: str = "invalid_data"):
+        self.path, self.line, self.field, self.code = path, line, field, code
         super().__init__(f"{Path(path).name} line {line}: {field}: {message}")
 
 
-def _tokenize_chat(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-    )
-    ids = list(out["input_ids"])
-    mask = list(out["assistant_masks"])
-    labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
-    return ids, labels
+@dataclass(frozen=True)
+class TokenizeOptions:
+    """How records become token ids and labels (all of it is part of the cache key)."""
+
+    max_seq_len: int = 512
+    #: Chat records: "assistant" (every assistant turn), "last_assistant", or "all" tokens.
+    train_on: str = "assistant"
+    #: Chat records: "keep" the system message, or "fold" it into the first user turn.
+    system_message: str = "keep"
 
 
-def _tokenize_pair(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], list[int]]:
-    prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-    completion_ids = completion_ids + [tokenizer.eos_token_id]
-    ids = prompt_ids + completion_ids
-    return ids, [IGNORE_INDEX] * len(prompt_ids) + completion_ids
+@dataclass
+class LoadedData:
+    """A file's examples in file order, and the records left out (no loss tokens within
+    max_seq_len), by line number."""
+
+    examples: list[Example]
+    dropped: list[int]
+    records: int
+
+    @property
+    def dropped_fraction(self) -> float:
+        return len(self.dropped) / self.records if self.records else 0.0
 
 
-def _tokenize_text(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
-    ids = tokenizer(text, add_special_tokens=True)["input_ids"] + [tokenizer.eos_token_id]
-    return ids, list(ids)
+def _eos_appended(tokenizer: Any, ids: list[int], trained: list[bool]) -> tuple[list[int], list[bool]]:
+    eos = tokenizer.eos_token_id
+    if eos is not None and (not ids or ids[-1] != eos):
+        return ids + [eos], trained + [True]
+    return ids, trained
 
 
-def tokenize_record(tokenizer: Any, record: dict[str, Any], max_seq_len: int) -> Example:
-    """Tokenize one record of any supported shape, truncated to `max_seq_len` tokens."""
-    if "messages" in record:
-        ids, labels = _tokenize_chat(tokenizer, record["messages"])
-    elif "prompt" in record:
-        ids, labels = _tokenize_pair(tokenizer, record["prompt"], record["completion"])
-    elif "label" in record:
-        ids, labels = _tokenize_pair(tokenizer, record["text"], str(record["label"]))
+def _tokenize_pair(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], list[bool]]:
+    """One sequence, prompt then completion, tokenised as a whole (tokenising the halves apart
+    adds a spurious word-start token under SentencePiece-style tokenizers); a token is trained
+    when any of its characters belong to the completion. EOS ends the completion."""
+    if getattr(tokenizer, "is_fast", False):
+        encoded = tokenizer(prompt + completion, add_special_tokens=True, return_offsets_mapping=True)
+        boundary = len(prompt)
+        ids = list(encoded["input_ids"])
+        trained = [e > boundary and e > s for s, e in encoded["offset_mapping"]]
     else:
-        ids, labels = _tokenize_text(tokenizer, record["text"])
-    return Example(ids[:max_seq_len], labels[:max_seq_len])
+        prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        ids = list(prompt_ids) + list(completion_ids)
+        trained = [False] * len(prompt_ids) + [True] * len(completion_ids)
+    return _eos_appended(tokenizer, ids, trained)
 
 
-def load_examples(path: str, tokenizer: Any, max_seq_len: int) -> list[Example]:
+def _tokenize_text(tokenizer: Any, text: str) -> tuple[list[int], list[bool]]:
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    return _eos_appended(tokenizer, ids, [True] * len(ids))
+
+
+def tokenize_record(tokenizer: Any, record: dict[str, Any], options: TokenizeOptions | int) -> Example:
+    """Tokenize one record of any supported shape, truncated to `max_seq_len` tokens.
+
+    Raises TemplateError when the model's chat template cannot render a chat record."""
+    if isinstance(options, int):
+        options = TokenizeOptions(max_seq_len=options)
+    if "messages" in record:
+        ids, trained = tokenize_chat(tokenizer, record["messages"], record.get("tools"),
+                                     options.train_on, options.system_message)
+    elif "prompt" in record:
+        ids, trained = _tokenize_pair(tokenizer, record["prompt"], record["completion"])
+    elif "label" in record:
+        ids, trained = _tokenize_pair(tokenizer, record["text"], str(record["label"]))
+    else:
+        ids, trained = _tokenize_text(tokenizer, record["text"])
+    labels = [t if keep else IGNORE_INDEX for t, keep in zip(ids, trained)]
+    n = options.max_seq_len
+    return Example(ids[:n], labels[:n])
+
+
+def load_examples(path: str, tokenizer: Any, options: TokenizeOptions | int) -> LoadedData:
     """Read, check and tokenize every record of a JSONL file.
 
-    Returns the examples in file order. Raises DataError on the first bad record.
+    Records with no trained token within max_seq_len are left out and listed in `dropped`.
+    Raises DataError on the first record that is malformed or that the template refuses, and
+    when no record is left.
     """
-    examples = []
+    if isinstance(options, int):
+        options = TokenizeOptions(max_seq_len=options)
+    examples: list[Example] = []
+    dropped: list[int] = []
+    records = 0
     for lineno, record, parse_error in iter_jsonl(Path(path)):
+        records += 1
         if parse_error:
             raise DataError(path, lineno, "line", parse_error)
         _, problems = check_record(record)
         if problems:
             raise DataError(path, lineno, *problems[0])
-        example = tokenize_record(tokenizer, record, max_seq_len)
+        try:
+            example = tokenize_record(tokenizer, record, options)
+        except TemplateError as exc:
+            raise DataError(path, lineno, exc.field, str(exc), exc.rule) from None
         if example.loss_tokens == 0:
-            raise DataError(
-                path, lineno, "record",
-                f"has no trainable tokens within max_seq_len={max_seq_len}: raise max_seq_len "
-                "or shorten the prompt",
-            )
+            dropped.append(lineno)
+            continue
         examples.append(example)
+    if records == 0:
+        raise DataError(path, 0, "file", "has no records", "empty_file")
     if not examples:
-        raise DataError(path, 0, "file", "has no records")
-    return examples
+        raise DataError(path, dropped[0], "record",
+                        f"no record has a trained token within max_seq_len={options.max_seq_len}: "
+                        "raise max_seq_len or shorten the prompts", "no_loss_tokens")
+    return LoadedData(examples, dropped, records)
 
 
 def epoch_permutation(num_examples: int, seed: int, epoch: int) -> np.ndarray:

@@ -2,8 +2,10 @@
 check an upload or a request's files without importing torch.
 
 Three shapes, one per JSONL line, detected per record:
-- chat: `{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}`; the loss
-  is computed on assistant turns only.
+- chat: `{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...],
+  "tools": [...]}` (OpenAI's shape: an assistant message may carry `tool_calls` and a `weight`
+  of 0 or 1); rendered with the model's own chat template, which may add rules of its own
+  (alternation, no system role). The loss is on assistant turns by default.
 - prompt/completion: `{"prompt": str, "completion": str}`; the loss is on the completion only.
 - text: `{"text": str}`; the loss is on every token.
 - classification: `{"text": str, "label": str | int}`; trained as prompt `text`, completion
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass
@@ -62,38 +64,45 @@ def _check_text(value: Any, name: str, out: list[tuple[str, str]]) -> None:
         out.append((name, "is empty or whitespace only"))
 
 
-def _check_chat(messages: Any, out: list[tuple[str, str]]) -> None:
+def _check_message(i: int, msg: Any, out: list[tuple[str, str]]) -> None:
+    where = f"messages[{i}]"
+    if not isinstance(msg, dict):
+        out.append((where, "must be an object with role and content"))
+        return
+    role = msg.get("role")
+    if role not in ROLES:
+        out.append((f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}"))
+    if role == "assistant" and msg.get("tool_calls") and msg.get("content") in (None, ""):
+        pass  # a tool call: the call is what the assistant says
+    else:
+        _check_text(msg.get("content"), f"{where}.content", out)
+    if "tool_calls" in msg and not isinstance(msg["tool_calls"], list):
+        out.append((f"{where}.tool_calls", "must be a list of tool calls"))
+    if "weight" in msg:
+        if role != "assistant":
+            out.append((f"{where}.weight", "only assistant messages carry a weight"))
+        elif msg["weight"] not in (0, 1) or isinstance(msg["weight"], bool):
+            out.append((f"{where}.weight", f"must be 0 (not trained) or 1 (trained), got {msg['weight']!r}"))
+
+
+def _check_chat(record: dict[str, Any], out: list[tuple[str, str]]) -> None:
+    messages = record["messages"]
     if not isinstance(messages, list) or not messages:
         out.append(("messages", "must be a non-empty list of {role, content} objects"))
         return
     for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            out.append((where, "must be an object with role and content"))
-            continue
-        role = msg.get("role")
-        if role not in ROLES:
-            out.append((f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}"))
-        if role == "system" and i != 0:
-            out.append((f"{where}.role", "a system message may only come first"))
-        _check_text(msg.get("content"), f"{where}.content", out)
-    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
-        out.append(("messages", "has no assistant message, so nothing to learn from"))
-    _check_turn_order(messages, out)
-
-
-def _check_turn_order(messages: list[Any], out: list[tuple[str, str]]) -> None:
-    """After an optional system message, turns go user, assistant, user, ..."""
-    expected = "user"
-    for i, msg in enumerate(messages):
-        role = msg.get("role") if isinstance(msg, dict) else None
-        if role not in ("user", "assistant"):
-            continue
-        if role != expected:
-            out.append((f"messages[{i}].role", f"expected {expected!r} here: turns alternate user, "
-                        "assistant, starting with user after an optional system message"))
-            return
-        expected = "assistant" if role == "user" else "user"
+        _check_message(i, msg, out)
+    if not any(isinstance(m, dict) and m.get("role") == "assistant" and m.get("weight", 1) != 0
+               for m in messages):
+        out.append(("messages", "has no assistant message with weight 1, so nothing to learn from"))
+    first = next((i for i, m in enumerate(messages)
+                  if isinstance(m, dict) and m.get("role") != "system"), None)
+    if first is not None and messages[first].get("role") != "user":
+        out.append((f"messages[{first}].role", "expected 'user' here: a conversation starts with a "
+                    "user message, after an optional system message"))
+    tools = record.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        out.append(("tools", "must be a list of tool definitions (objects)"))
 
 
 def check_record(record: Any) -> tuple[str | None, list[tuple[str, str]]]:
@@ -107,7 +116,7 @@ def check_record(record: Any) -> tuple[str | None, list[tuple[str, str]]]:
             "or 'text' and 'label' (classification)",
         ))
     elif fmt == "chat":
-        _check_chat(record["messages"], out)
+        _check_chat(record, out)
     elif fmt == "prompt_completion":
         for key in ("prompt", "completion"):
             if key not in record:

@@ -30,7 +30,7 @@ import ray.train.torch
 from eft.training import checkpoint
 from eft.training.config import TrainConfig
 from eft.training.steps import host_peak_memory_gb, lr_lambda, peak_memory_gb, token_loss_sum
-from eft.training.data import DataError, collate, global_batch_indices, shard_for_rank
+from eft.training.data import DataError, TokenizeOptions, collate, global_batch_indices, shard_for_rank
 from eft.training.datacache import load_examples_cached
 from eft.training.errors import TrainingUserError
 from eft.training.model import load_trainable_model
@@ -98,16 +98,17 @@ class Recipe:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id
+        options = TokenizeOptions(cfg.max_seq_len, cfg.train_on, cfg.system_message)
         try:
-            self.train_examples = load_examples_cached(cfg.training_file, self.tokenizer, cfg.max_seq_len,
-                                                       cfg.data_cache_dir)
+            self.train_examples = load_examples_cached(cfg.training_file, self.tokenizer, options,
+                                                       cfg.data_cache_dir).examples
             self.valid_examples = (
-                load_examples_cached(cfg.validation_file, self.tokenizer, cfg.max_seq_len, cfg.data_cache_dir)
+                load_examples_cached(cfg.validation_file, self.tokenizer, options, cfg.data_cache_dir).examples
                 if cfg.validation_file else []
             )
         except DataError as exc:
             param = "validation_file" if exc.path == cfg.validation_file else "training_file"
-            raise TrainingUserError("user_error.invalid_data", str(exc), param) from None
+            raise TrainingUserError(f"user_error.{exc.code}", str(exc), param) from None
         self.strategy = build_strategy(cfg)
         self.strategy.prepare(load_trainable_model(cfg))
         if cfg.compile:

@@ -189,6 +189,23 @@ class Optimizations(_Request):
     )
 
 
+class DataOptions(_Request):
+    """What a job trains on, and how records meet the model's chat template."""
+
+    train_on: Literal["assistant", "last_assistant", "all"] = Field(
+        "assistant", description="Chat records: the loss is on every assistant turn (a turn with "
+        "\"weight\": 0 is skipped), on the last assistant turn only, or on every token."
+    )
+    system_message: Literal["keep", "fold"] = Field(
+        "keep", description="Chat records: pass a system message to the chat template, or fold it "
+        "into the first user turn (for templates with no system role, such as Gemma 2's)."
+    )
+    max_dropped_fraction: float = Field(
+        0.05, ge=0.0, le=1.0, description="Records with no trained token within max_seq_len are "
+        "left out with a warning; the job is refused when more than this share of them would be."
+    )
+
+
 class Trackers(_Request):
     """Experiment trackers the job also logs its step metrics to."""
 
@@ -224,6 +241,7 @@ class JobCreate(_Request):
     recovery: Recovery = Field(default_factory=Recovery)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     trackers: Trackers = Field(default_factory=Trackers)
+    data: DataOptions = Field(default_factory=DataOptions)
     name: str | None = Field(None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
 
@@ -254,6 +272,7 @@ class Job(_Response):
     recovery: Recovery = Field(default_factory=Recovery)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     trackers: Trackers = Field(default_factory=Trackers)
+    data: DataOptions = Field(default_factory=DataOptions)
     name: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     created_at: datetime

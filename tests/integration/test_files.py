@@ -104,8 +104,8 @@ BROKEN = [
     ('{"messages": [{"role": "assistant", "content": "first"}]}', ("messages[0].role", "expected 'user'")),
     ('{"messages": [{"role": "user", "content": "   "}, {"role": "assistant", "content": "x"}]}',
      ("messages[0].content", "empty")),
-    ('{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, '
-     '{"role": "assistant", "content": "c"}]}', ("messages[1].role", "expected 'assistant'")),
+    ('{"messages": [{"role": "user", "content": "a"}, '
+     '{"role": "assistant", "content": "c", "weight": 2}]}', ("messages[1].weight", "0 (not trained) or 1")),
     ('{"messages": [{"role": "user", "content": "a"}, {"role": "wizard", "content": "b"}, '
      '{"role": "assistant", "content": "c"}]}', ("messages[1].role", "must be one of")),
     ('{"prompt": "p"}', ("completion", "missing")),
@@ -153,8 +153,8 @@ def test_validate_with_a_tokenizer_shows_stats_loss_tokens_and_warnings(client):
     assert tokens["min"] <= tokens["mean"] <= tokens["max"]
     codes = {(w["code"], w["line"]) for w in report["warnings"]}
     assert ("duplicate", 2) in codes and ("train_validation_overlap", 1) in codes
-    # The long prompt leaves no completion token inside 64 tokens: an error on line 4.
-    assert [(e["line"], e["code"]) for e in report["errors"]] == [(4, "no_loss_tokens")]
+    # The long prompt leaves no completion token inside 64 tokens: a job would leave line 4 out.
+    assert ("no_loss_tokens", 4) in codes and report["errors"] == [] and report["ok"]
     example = report["example"]
     loss_text = "".join(t["token"] for t in example if t["loss"])
     assert "blue" in loss_text and "Say" not in loss_text

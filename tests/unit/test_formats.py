@@ -23,13 +23,30 @@ def test_valid_records_have_no_problems():
 
 def test_chat_problems_name_the_field():
     record = {"messages": [{"role": "user", "content": "  "}, {"role": "robot", "content": "x"},
-                           {"role": "system", "content": "late"}]}
+                           {"role": "user", "content": "u", "weight": 1},
+                           {"role": "assistant", "content": "a", "weight": 0}], "tools": "none"}
     _, problems = check_record(record)
     fields = {f for f, _ in problems}
     assert "messages[0].content" in fields
     assert "messages[1].role" in fields
-    assert "messages[2].role" in fields  # system not first
-    assert "messages" in fields  # no assistant turn
+    assert "messages[2].weight" in fields  # only assistant turns are weighted
+    assert "messages" in fields  # no assistant turn with weight 1
+    assert "tools" in fields
+
+
+def test_tool_calls_and_weights_are_openai_chat():
+    record = {"messages": [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny.", "weight": 1},
+        {"role": "user", "content": "thanks"},
+        {"role": "assistant", "content": "You are welcome.", "weight": 0},
+    ], "tools": [{"type": "function", "function": {"name": "weather", "parameters": {}}}]}
+    assert check_record(record) == ("chat", [])
+    _, problems = check_record({"messages": [{"role": "assistant", "content": "hi"}]})
+    assert [f for f, _ in problems] == ["messages[0].role"]
 
 
 def test_prompt_completion_missing_and_wrong_type():

@@ -1,0 +1,230 @@
+"""Which tokens of a chat record carry the loss, under any model's own chat template.
+
+A template with `{% generation %}` markers says so itself (transformers' assistant mask). The
+templates real checkpoints ship (Llama 3, Qwen, Mistral, Gemma, Phi, SmolLM, ...) have no such
+markers, so each assistant turn is located on the rendered conversation:
+
+* the turn starts where the conversation up to it, rendered with the generation prompt, ends
+  (what the model is asked to continue from at inference), provided the full rendering starts
+  with that text;
+* it ends after the turn's end-of-turn text (`<|eot_id|>`, `<|im_end|>`, `</s>`,
+  `<end_of_turn>`, ...): the conversation rendered with this turn last, minus what came before
+  it, with trailing whitespace left to the next turn.
+
+Templates that render a turn differently once later turns follow (Qwen 3 drops earlier
+`<think>` reasoning) fail the second test; the turn is then found by rendering the whole
+conversation again with that turn's content replaced by two different markers: where the
+renderings differ is the content, and the end-of-turn text is matched after it. Every span is
+checked against the rendered text (it must hold the turn's content), so a template this cannot
+follow is reported, never trained on silently.
+
+Character spans become token labels through the tokenizer's offsets (a fast tokenizer is
+required); a token is trained when it overlaps a span.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+#: What a chat job trains on: every assistant turn (default), the last one only, or every token.
+TRAIN_ON = ("assistant", "last_assistant", "all")
+#: What to do with a system message: pass it to the template, or fold it into the first user turn.
+SYSTEM_MESSAGE = ("keep", "fold")
+
+_MARKERS = ("\u2b1a\u2460\u2b1a", "\u2b1b\u2461\u2b1b")  # two contents that differ at both ends
+
+
+class TemplateError(Exception):
+    """The model's chat template cannot express this record. `field` names the part of the
+    record, `rule` what the template requires, and the message says how to fix it."""
+
+    def __init__(self, field: str, message: str, rule: str = "template_refused"):
+        self.field, self.rule = field, rule
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    end: int
+    message: int  # index of the assistant message in the record
+
+
+def _fix_hint(reason: str) -> str:
+    low = reason.lower()
+    if "system" in low:
+        return ("set data.system_message to 'fold' to merge the system message into the first "
+                "user turn (as Gemma's own templates do), or remove it")
+    if "alternate" in low or "alternat" in low:
+        return "make roles alternate user/assistant: merge consecutive messages of the same role"
+    return "change the record to the shape the model's chat template accepts"
+
+
+def _has_generation_markers(tokenizer: Any) -> bool:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return isinstance(template, str) and bool(re.search(r"\{%-?\s*generation\s*-?%\}", template))
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def prepare_messages(messages: Sequence[dict[str, Any]], system_message: str = "keep") -> list[dict[str, Any]]:
+    """The messages as the template will see them: `weight` removed, and with `fold` a leading
+    system message merged into the first user turn (separated by a blank line)."""
+    out = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+    if system_message == "fold" and len(out) > 1 and out[0].get("role") == "system":
+        system, rest = out[0], out[1:]
+        for m in rest:
+            if m.get("role") == "user":
+                m["content"] = f"{system.get('content') or ''}\n\n{m.get('content') or ''}"
+                break
+        out = rest
+    return out
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None,
+           add_generation_prompt: bool = False, field: str = "messages") -> str:
+    """The template's text for `messages`. Raises TemplateError when the template refuses."""
+    if not has_chat_template(tokenizer):
+        raise TemplateError(field, "the model has no chat template, so chat records cannot be "
+                            "rendered: use a chat/instruct checkpoint, or prompt/completion or "
+                            "text records", "no_chat_template")
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except Exception as exc:  # noqa: BLE001 - jinja's TemplateError, raise_exception(), bad input
+        reason = str(exc).strip() or type(exc).__name__
+        raise TemplateError(field, f"the model's chat template refuses it ({reason}): "
+                            f"{_fix_hint(reason)}") from None
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[-1 - i] == b[-1 - i]:
+        i += 1
+    return i
+
+
+def _content_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _content_region(tokenizer: Any, messages: list[dict[str, Any]], i: int, full: str,
+                    tools: Any) -> tuple[int, int]:
+    """Where message i's content lies in `full` (its rendering), by re-rendering with markers."""
+    starts, ends = [], []
+    for marker in _MARKERS:
+        changed = [dict(m) for m in messages]
+        changed[i]["content"] = marker
+        other = render(tokenizer, changed, tools)
+        starts.append(_common_prefix(full, other))
+        ends.append(len(full) - _common_suffix(full, other))
+    return min(starts), max(ends)
+
+
+def _check(full: str, span: Span, message: dict[str, Any], field: str) -> None:
+    text = _content_text(message).split("</think>")[-1].strip()
+    tail = text[-32:]
+    if tail and tail not in full[span.start:span.end]:
+        raise TemplateError(field, "could not find this assistant turn in the chat template's "
+                            "rendering of the conversation: this template is not supported for "
+                            "training; use one that renders each turn's content as given",
+                            "template_unsupported")
+
+
+def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[Span]]:
+    """The full rendering and each assistant turn's trained character span within it."""
+    full = render(tokenizer, messages, tools)
+    spans: list[Span] = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        field = f"messages[{i}]"
+        prompt = render(tokenizer, messages[:i], tools, add_generation_prompt=True, field=field) if i else ""
+        through = render(tokenizer, messages[: i + 1], tools, field=field)
+        if full.startswith(through) and through.startswith(prompt):
+            span = Span(len(prompt), len(prompt) + len(through[len(prompt):].rstrip()), i)
+        else:
+            span = _located_span(tokenizer, messages, i, full, prompt, through, tools)
+        _check(full, span, message, field)
+        spans.append(span)
+    return full, spans
+
+
+def _located_span(tokenizer: Any, messages: list[dict[str, Any]], i: int, full: str, prompt: str,
+                  through: str, tools: Any) -> Span:
+    """A turn rendered differently when it is not last: find its content, then its end-of-turn."""
+    field = f"messages[{i}]"
+    if not _content_text(messages[i]):
+        raise TemplateError(field, "the chat template renders this assistant turn differently "
+                            "in context and it has no content to locate it by", "template_unsupported")
+    start, end = _content_region(tokenizer, messages, i, full, tools)
+    _, through_end = _content_region(tokenizer, messages[: i + 1], i, through, tools)
+    end_of_turn = through[through_end:].rstrip()
+    end += _common_prefix(full[end:], end_of_turn)
+    if full.startswith(prompt) and len(prompt) <= start:
+        start = len(prompt)
+    return Span(start, end, i)
+
+
+def label_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """For each token's (start, end) character offsets: does it overlap a span?"""
+    out = []
+    for s, e in offsets:
+        if e > s:
+            out.append(any(s < b and e > a for a, b in spans))
+        else:  # zero-width (an added special token with no text): inside a span or not
+            out.append(any(a <= s < b for a, b in spans))
+    return out
+
+
+def tokenize_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any = None,
+                  train_on: str = "assistant", system_message: str = "keep") -> tuple[list[int], list[bool]]:
+    """Token ids of the rendered conversation and, per token, whether it is trained.
+
+    `train_on`: "assistant" (every assistant turn whose `weight` is not 0), "last_assistant"
+    (the last such turn), or "all" (every token). Raises TemplateError.
+    """
+    weights = [m.get("weight", 1) for m in messages]
+    prepared = prepare_messages(messages, system_message)
+    if system_message == "fold" and len(prepared) < len(messages):
+        weights = weights[1:]
+    if train_on == "all":
+        full = render(tokenizer, prepared, tools)
+        ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+        return list(ids), [True] * len(ids)
+    if train_on == "assistant" and all(w != 0 for w in weights) and _has_generation_markers(tokenizer):
+        # The template marks what the model generates itself: use transformers' own mask.
+        try:
+            out = tokenizer.apply_chat_template(prepared, tools=tools, tokenize=True, return_dict=True,
+                                                return_assistant_tokens_mask=True)
+        except Exception as exc:  # noqa: BLE001 - as in render()
+            reason = str(exc).strip() or type(exc).__name__
+            raise TemplateError("messages", f"the model's chat template refuses it ({reason}): "
+                                f"{_fix_hint(reason)}") from None
+        return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+    if not getattr(tokenizer, "is_fast", False):
+        raise TemplateError("model", "assistant-only training needs a fast (Rust) tokenizer with "
+                            "character offsets; the model ships only a slow one", "slow_tokenizer")
+    full, spans = assistant_spans(tokenizer, prepared, tools)
+    spans = [s for s in spans if weights[s.message] != 0]
+    if train_on == "last_assistant":
+        spans = spans[-1:]
+    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    mask = label_mask(encoded["offset_mapping"], [(s.start, s.end) for s in spans])
+    return list(encoded["input_ids"]), mask
