@@ -10,10 +10,11 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.eft-setup-done
 MODEL := assets/models/tiny-llama/config.json
+FAMILIES := assets/models/.families-built
 
 .PHONY: setup demo test test-unit clean bench chromium
 
-setup: $(STAMP) $(MODEL)
+setup: $(STAMP) $(MODEL) $(FAMILIES)
 
 # Headless Chromium for the web page's browser test (Debian's package); only the tests need it,
 # so `make demo` never asks for root. Skipped when present.
@@ -27,6 +28,12 @@ $(STAMP): pyproject.toml deploy/install.sh deploy/constraints.txt
 
 $(MODEL): $(STAMP) training/tiny.py training/tiny_data.py
 	$(PY) -m eft.training.tiny --out assets
+
+# Tiny random-weight models of real families (Llama 3, Qwen, Mistral, Gemma, Phi, SmolLM, GPT-2,
+# ...) with their own tokenizer settings and chat templates: the conformance kit.
+$(FAMILIES): $(STAMP) training/families.py training/family_specs.py training/tiny_data.py
+	$(PY) -m eft.training.families --out assets/models
+	touch $(FAMILIES)
 
 demo: setup
 	$(PY) examples/demo.py

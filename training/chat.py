@@ -8,15 +8,17 @@ markers, so each assistant turn is located on the rendered conversation:
   (what the model is asked to continue from at inference), provided the full rendering starts
   with that text;
 * it ends after the turn's end-of-turn text (`<|eot_id|>`, `<|im_end|>`, `</s>`,
-  `<end_of_turn>`, ...): the conversation rendered with this turn last, minus what came before
-  it, with trailing whitespace left to the next turn.
+  `<end_of_turn>`, ...): in the conversation rendered with this turn last, what follows the
+  turn's content up to the first whitespace (a line break, or a conversation-final EOS after
+  one, is left to what follows).
 
 Templates that render a turn differently once later turns follow (Qwen 3 drops earlier
-`<think>` reasoning) fail the second test; the turn is then found by rendering the whole
-conversation again with that turn's content replaced by two different markers: where the
-renderings differ is the content, and the end-of-turn text is matched after it. Every span is
-checked against the rendered text (it must hold the turn's content), so a template this cannot
-follow is reported, never trained on silently.
+`<think>` reasoning and its empty think block) fail the second test; such a turn starts where
+the generation prompt ends (or where its content starts, found by rendering the conversation
+again with that content replaced by two different markers: where the renderings differ is the
+content) and ends after the template's end-of-turn text, read off a two-turn probe
+conversation. Every span is checked against the rendered text (it must hold the turn's
+content), so a template this cannot follow is reported, never trained on silently.
 
 Character spans become token labels through the tokenizer's offsets (a fast tokenizer is
 required); a token is trained when it overlaps a span.
@@ -52,13 +54,16 @@ class Span:
     message: int  # index of the assistant message in the record
 
 
-def _fix_hint(reason: str) -> str:
+def _fix_hint(reason: str, messages: Sequence[dict[str, Any]]) -> str:
     low = reason.lower()
+    has_system = any(m.get("role") == "system" for m in messages)
+    fold = ("set data.system_message to 'fold' to merge the system message into the first user "
+            "turn (as Gemma's own templates do), or remove it")
     if "system" in low:
-        return ("set data.system_message to 'fold' to merge the system message into the first "
-                "user turn (as Gemma's own templates do), or remove it")
-    if "alternate" in low or "alternat" in low:
-        return "make roles alternate user/assistant: merge consecutive messages of the same role"
+        return fold
+    if "alternat" in low:
+        alternate = "make roles alternate user/assistant: merge consecutive messages of the same role"
+        return f"{alternate}; this template counts a system message as a turn too: {fold}" if has_system else alternate
     return "change the record to the shape the model's chat template accepts"
 
 
@@ -98,7 +103,7 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None,
     except Exception as exc:  # noqa: BLE001 - jinja's TemplateError, raise_exception(), bad input
         reason = str(exc).strip() or type(exc).__name__
         raise TemplateError(field, f"the model's chat template refuses it ({reason}): "
-                            f"{_fix_hint(reason)}") from None
+                            f"{_fix_hint(reason, messages)}") from None
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -137,9 +142,25 @@ def _content_region(tokenizer: Any, messages: list[dict[str, Any]], i: int, full
     return min(starts), max(ends)
 
 
+def _content_tail(message: dict[str, Any]) -> str:
+    """The end of a turn's content as templates render it (trimmed, earlier reasoning dropped)."""
+    return _content_text(message).split("</think>")[-1].strip()[-32:]
+
+
+def _turn_end(turn: str, message: dict[str, Any]) -> int:
+    """Where a turn rendered last ends: after its content and the end-of-turn text that
+    follows it up to the first whitespace (a conversation-final EOS after a line break, as
+    Phi-3's template adds, belongs to no turn)."""
+    tail = _content_tail(message)
+    at = turn.rfind(tail) if tail else -1
+    if at < 0:
+        return len(turn.rstrip())
+    content_end = at + len(tail)
+    return content_end + len(re.match(r"\S*", turn[content_end:]).group())
+
+
 def _check(full: str, span: Span, message: dict[str, Any], field: str) -> None:
-    text = _content_text(message).split("</think>")[-1].strip()
-    tail = text[-32:]
+    tail = _content_tail(message)
     if tail and tail not in full[span.start:span.end]:
         raise TemplateError(field, "could not find this assistant turn in the chat template's "
                             "rendering of the conversation: this template is not supported for "
@@ -158,7 +179,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], tools: Any =
         prompt = render(tokenizer, messages[:i], tools, add_generation_prompt=True, field=field) if i else ""
         through = render(tokenizer, messages[: i + 1], tools, field=field)
         if full.startswith(through) and through.startswith(prompt):
-            span = Span(len(prompt), len(prompt) + len(through[len(prompt):].rstrip()), i)
+            span = Span(len(prompt), len(prompt) + _turn_end(through[len(prompt):], message), i)
         else:
             span = _located_span(tokenizer, messages, i, full, prompt, through, tools)
         _check(full, span, message, field)
@@ -166,20 +187,39 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], tools: Any =
     return full, spans
 
 
+def _end_of_turn(tokenizer: Any, tools: Any) -> str:
+    """The text this template puts after an assistant turn's content when another turn follows
+    (`<|im_end|>`, `<|eot_id|>`, `</s>`, ...), read off a two-turn probe conversation."""
+    user, answer, later = "\u2b1a\u2460", "\u2b1a\u2461", "\u2b1a\u2462"
+    probe = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    last = render(tokenizer, probe, tools)
+    more = render(tokenizer, probe + [{"role": "user", "content": later}], tools)
+    after_last = last[last.rfind(answer) + len(answer):]
+    after_more = more[more.rfind(answer) + len(answer):]
+    shared = after_last[:_common_prefix(after_last, after_more)]
+    return re.match(r"\S*", shared).group()
+
+
 def _located_span(tokenizer: Any, messages: list[dict[str, Any]], i: int, full: str, prompt: str,
                   through: str, tools: Any) -> Span:
-    """A turn rendered differently when it is not last: find its content, then its end-of-turn."""
-    field = f"messages[{i}]"
-    if not _content_text(messages[i]):
-        raise TemplateError(field, "the chat template renders this assistant turn differently "
-                            "in context and it has no content to locate it by", "template_unsupported")
-    start, end = _content_region(tokenizer, messages, i, full, tools)
-    _, through_end = _content_region(tokenizer, messages[: i + 1], i, through, tools)
-    end_of_turn = through[through_end:].rstrip()
-    end += _common_prefix(full[end:], end_of_turn)
+    """A turn rendered differently when it is not last: it starts where the generation prompt
+    ends (or, failing that, where its content starts) and ends after the template's
+    end-of-turn text that first follows its content."""
+    if _content_text(messages[i]):
+        start, content_end = _content_region(tokenizer, messages, i, full, tools)
+    else:
+        start = content_end = len(prompt)
     if full.startswith(prompt) and len(prompt) <= start:
         start = len(prompt)
-    return Span(start, end, i)
+    end_of_turn = _end_of_turn(tokenizer, tools)
+    at = full.find(end_of_turn, content_end) if end_of_turn else -1
+    if at < 0:
+        if not _content_text(messages[i]):
+            raise TemplateError(f"messages[{i}]", "could not find where this assistant turn ends in "
+                                "the chat template's rendering: this template is not supported "
+                                "for training", "template_unsupported")
+        return Span(start, content_end, i)
+    return Span(start, at + len(end_of_turn), i)
 
 
 def label_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
@@ -216,7 +256,7 @@ def tokenize_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any
         except Exception as exc:  # noqa: BLE001 - as in render()
             reason = str(exc).strip() or type(exc).__name__
             raise TemplateError("messages", f"the model's chat template refuses it ({reason}): "
-                                f"{_fix_hint(reason)}") from None
+                                f"{_fix_hint(reason, messages)}") from None
         return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
     if not getattr(tokenizer, "is_fast", False):
         raise TemplateError("model", "assistant-only training needs a fast (Rust) tokenizer with "

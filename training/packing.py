@@ -77,3 +77,18 @@ def collate_packed(rows: Sequence[Sequence[Example]], pad_token_id: int) -> dict
 def real_tokens(rows: Sequence[Sequence[Example]]) -> int:
     """Non-padding tokens of a packed micro-batch (known on the host: no device sync)."""
     return sum(len(e.input_ids) for row in rows for e in row)
+
+
+#: Architectures (config `model_type`) whose attention honours the position-id restarts that
+#: separate packed examples, checked per family by the conformance tests. Others (OPT's learned
+#: positions from the attention mask, Bloom's ALiBi from the mask) would let an example attend
+#: to the ones before it in its row, so they are trained padded instead.
+PACKED_ARCHITECTURES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+    "gemma3_text", "phi3", "gpt2", "gpt_neox",
+})
+
+
+def packing_is_exact(model_type: str) -> bool:
+    """Whether examples packed in a row stay independent for this architecture."""
+    return model_type in PACKED_ARCHITECTURES

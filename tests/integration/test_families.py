@@ -1,0 +1,232 @@
+"""The conformance kit: real model families (tiny random weights, each family's own special
+tokens, BOS/EOS behaviour and verbatim chat template, built at setup by
+`python -m eft.training.families`), held to what a fine-tuning service must get right.
+
+For every chat family, the trained tokens must be exactly the assistant turns as read off the
+rendered text with the family's own markers (computed here, independently of the code under
+test); templates that refuse a record give a TemplateError naming the fix; packing is exact or
+the architecture is not packed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eft.training.chat import TemplateError, label_mask, tokenize_chat
+from eft.training.data import IGNORE_INDEX, Example, tokenize_record
+from eft.training.families import model_name
+from eft.training.family_specs import FAMILIES
+from eft.training.packing import collate_packed, packing_is_exact
+
+MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
+
+#: How each family's template frames an assistant turn: the text just before the turn (what
+#: the generation prompt ends with) and the end-of-turn text the model must learn to emit.
+TURNS = {
+    "llama-3.1": ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+    "llama-3.2": ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+    "qwen2.5": ("<|im_start|>assistant\n", "<|im_end|>"),
+    "qwen3": ("<|im_start|>assistant\n", "<|im_end|>"),
+    "smollm2": ("<|im_start|>assistant\n", "<|im_end|>"),
+    "phi-4": ("<|im_start|>assistant<|im_sep|>", "<|im_end|>"),
+    "phi-3": ("<|assistant|>\n", "<|end|>"),
+    "gemma-2": ("<start_of_turn>model\n", "<end_of_turn>"),
+    "gemma-3": ("<start_of_turn>model\n", "<end_of_turn>"),
+    "mistral": ("[/INST]", "</s>"),
+    "mistral-v0.1": ("[/INST]", "</s>"),
+}
+CHAT_FAMILIES = [f for f in sorted(FAMILIES) if FAMILIES[f].get("chat_template")]
+NO_SYSTEM_ROLE = {"gemma-2", "mistral-v0.1"}
+STRICT_ALTERNATION = {"mistral", "mistral-v0.1", "gemma-2", "gemma-3"}
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris is the capital."},
+    {"role": "user", "content": "And the weather?"},
+    {"role": "assistant", "content": "The weather is sunny today."},
+]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    path = MODELS / model_name(request.param)
+    assert (path / "config.json").is_file(), f"{path} missing: run `make setup`"
+    return request.param, path
+
+
+def _tokenizer(path: Path):
+    return AutoTokenizer.from_pretrained(path)
+
+
+def expected_spans(family: str, text: str) -> list[tuple[int, int]]:
+    """Assistant turns read off the rendered text with the family's markers."""
+    head, end = TURNS[family]
+    spans = []
+    for match in re.finditer(re.escape(head), text):
+        stop = text.index(end, match.end()) + len(end)
+        spans.append((match.end(), stop))
+    return spans
+
+
+def _conversation(family: str) -> list[dict]:
+    return CONVERSATION[1:] if family in NO_SYSTEM_ROLE else CONVERSATION
+
+
+@pytest.mark.parametrize("name", CHAT_FAMILIES)
+def test_assistant_mask_is_exactly_the_assistant_turns(name):
+    tokenizer = _tokenizer(MODELS / model_name(name))
+    messages = _conversation(name)
+    ids, trained = tokenize_chat(tokenizer, messages)
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert ids == encoded["input_ids"]
+    spans = expected_spans(name, text)
+    assert len(spans) == 2, text
+    assert trained == label_mask(encoded["offset_mapping"], spans)
+    # What is trained reads as the two answers, each with the family's end-of-turn text.
+    head, end = TURNS[name]
+    trained_text = tokenizer.decode([t for t, keep in zip(ids, trained) if keep])
+    for answer in ("Paris is the capital.", "The weather is sunny today."):
+        assert answer in trained_text
+    assert trained_text.count(end) == 2
+    for prompt_word in ("France", "weather?", "helpful"):
+        assert prompt_word not in trained_text
+    # Never a doubled BOS: the template adds it where the family has one, the tokenizer not again.
+    if tokenizer.bos_token_id is not None:
+        assert ids[:2] != [tokenizer.bos_token_id] * 2
+
+
+@pytest.mark.parametrize("name", CHAT_FAMILIES)
+def test_weight_zero_and_last_turn_only(name):
+    tokenizer = _tokenizer(MODELS / model_name(name))
+    messages = [dict(m) for m in _conversation(name)]
+    messages[-3]["weight"] = 0  # the first answer is context, not a target
+    for kwargs in ({}, {"train_on": "last_assistant"}):
+        ids = [dict(m) for m in _conversation(name)] if kwargs else messages
+        ids, trained = tokenize_chat(tokenizer, ids, **kwargs)
+        trained_text = tokenizer.decode([t for t, keep in zip(ids, trained) if keep])
+        assert "sunny" in trained_text and "Paris" not in trained_text
+    ids, trained = tokenize_chat(tokenizer, messages, train_on="all")
+    assert all(trained)
+
+
+@pytest.mark.parametrize("name", CHAT_FAMILIES)
+def test_a_template_that_refuses_names_the_rule_and_the_fix(name):
+    tokenizer = _tokenizer(MODELS / model_name(name))
+    if name in NO_SYSTEM_ROLE:
+        with pytest.raises(TemplateError, match="system_message to 'fold'"):
+            tokenize_chat(tokenizer, CONVERSATION)
+        ids, trained = tokenize_chat(tokenizer, CONVERSATION, system_message="fold")
+        text = tokenizer.decode(ids)
+        assert "helpful assistant" in text and any(trained)
+    doubled = [{"role": "user", "content": "Hello."}, {"role": "user", "content": "Hello again."},
+               {"role": "assistant", "content": "Hi."}]
+    if name in STRICT_ALTERNATION:
+        with pytest.raises(TemplateError, match="alternate"):
+            tokenize_chat(tokenizer, doubled)
+    else:
+        ids, trained = tokenize_chat(tokenizer, doubled)
+        trained_text = tokenizer.decode([t for t, k in zip(ids, trained) if k])
+        assert "Hi." in trained_text and "Hello" not in trained_text
+
+
+def test_a_model_without_chat_template_refuses_chat_records():
+    tokenizer = _tokenizer(MODELS / model_name("gpt2"))
+    with pytest.raises(TemplateError) as caught:
+        tokenize_chat(tokenizer, CONVERSATION)
+    assert caught.value.rule == "no_chat_template" and "prompt/completion" in str(caught.value)
+
+
+def test_prompt_completion_is_one_sequence(family):
+    name, path = family
+    tokenizer = _tokenizer(path)
+    prompt, completion = "What is the capital of France?", " Paris is the capital."
+    example = tokenize_record(tokenizer, {"prompt": prompt, "completion": completion}, 512)
+    whole = tokenizer(prompt + completion)["input_ids"]
+    eos = tokenizer.eos_token_id
+    assert example.input_ids == whole + ([eos] if whole[-1] != eos else [])
+    trained = [t for t, label in zip(example.input_ids, example.labels) if label != IGNORE_INDEX]
+    assert tokenizer.decode(trained, skip_special_tokens=True).strip() == completion.strip()
+    assert trained[-1] == eos
+
+
+def _logits(model, batch):
+    with torch.no_grad():  # as the training step calls it: no cache, so position ids separate examples
+        return model(**batch, use_cache=False).logits
+
+
+def test_packing_is_exact_or_refused(family):
+    """Three examples packed in one row: each one's logits equal its logits alone, and do not
+    move when another example in the row changes."""
+    name, path = family
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    config = model.config
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(config.vocab_size, 500)
+    examples = [Example(ids, ids) for ids in
+                (torch.randint(5, vocab, (n,), generator=gen).tolist() for n in (7, 5, 9))]
+    alone = [_logits(model, {"input_ids": torch.tensor([e.input_ids])})[0] for e in examples]
+    packed = _logits(model, {k: v for k, v in collate_packed([examples], 0).items() if k != "labels"})[0]
+    changed = [examples[0], Example([5] * 5, [5] * 5), examples[2]]
+    packed_changed = _logits(model, {k: v for k, v in collate_packed([changed], 0).items() if k != "labels"})[0]
+    starts = [0, 7, 12]
+    exact = all(
+        torch.allclose(packed[s : s + len(e.input_ids)], a, atol=1e-4)
+        for s, e, a in zip(starts, examples, alone)
+    ) and torch.allclose(packed[12:21], packed_changed[12:21], atol=1e-4)
+    assert exact == packing_is_exact(config.model_type), (
+        f"{name} ({config.model_type}): packing is {'exact' if exact else 'NOT exact'}; "
+        "the service's list of exactly packed architectures must say so")
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOL_CONVERSATION = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "sunny"},
+    {"role": "assistant", "content": "The weather is sunny today."},
+]
+
+
+@pytest.mark.parametrize("name", ["llama-3.1", "qwen2.5", "qwen3"])
+def test_tool_calls_are_rendered_and_trained(name):
+    """OpenAI-style `tools` and `tool_calls` go through the family's template; the assistant's
+    call is trained, the tool's answer and the tool definitions are not."""
+    tokenizer = _tokenizer(MODELS / model_name(name))
+    ids, trained = tokenize_chat(tokenizer, TOOL_CONVERSATION, tools=TOOLS)
+    text = tokenizer.apply_chat_template(TOOL_CONVERSATION, tools=TOOLS, tokenize=False)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert "The weather in a city." in text  # the tool definitions are in the prompt
+    assert trained == label_mask(encoded["offset_mapping"], expected_spans(name, text))
+    trained_text = tokenizer.decode([t for t, keep in zip(ids, trained) if keep])
+    assert '"weather"' in trained_text and "Paris" in trained_text and "sunny today" in trained_text
+    assert "The weather in a city." not in trained_text
+
+
+def test_earlier_reasoning_dropped_by_the_template_is_not_trained():
+    """Qwen 3 renders an earlier turn's `<think>` away once a later user turn follows: the
+    trained tokens are what the template keeps."""
+    tokenizer = _tokenizer(MODELS / model_name("qwen3"))
+    messages = [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "<think>\nI recall it.\n</think>\n\nParis is the capital."},
+        {"role": "user", "content": "And the weather?"},
+        {"role": "assistant", "content": "<think>\nLook outside.\n</think>\n\nThe weather is sunny."},
+    ]
+    ids, trained = tokenize_chat(tokenizer, messages)
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert "I recall it." not in text and "Look outside." in text
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert trained == label_mask(encoded["offset_mapping"], expected_spans("qwen3", text))
+    trained_text = tokenizer.decode([t for t, keep in zip(ids, trained) if keep])
+    assert "Paris is the capital." in trained_text and "Look outside." in trained_text
