@@ -204,6 +204,14 @@ def check_chat_template(model_path: str, path: Path, param: str, req: JobCreate)
     """The first chat records of a file rendered and masked with the model's own template."""
     from eft.training.chat import TemplateError, tokenize_chat
 
+    try:
+        with request_tokenizer(model_path):
+            pass
+    except Exception as exc:  # noqa: BLE001 - any reason a tokenizer cannot load is the model's
+        return [Problem("model", "tokenizer_unavailable",
+                        f"cannot load the model's tokenizer ({type(exc).__name__}: {str(exc)[:300]}): "
+                        "a model directory needs its tokenizer files (tokenizer.json, "
+                        "tokenizer_config.json) to train on chat records")]
     with request_tokenizer(model_path) as tokenizer:
         for lineno, record, error in itertools.islice(iter_jsonl(path), TEMPLATE_SAMPLE):
             if error or not isinstance(record, dict) or "messages" not in record:
@@ -245,14 +253,16 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
                                 f"below max_workers ({max_workers}): every worker needs an example "
                                 "per step; raise global_batch_size or lower max_workers"))
     problems += check_optimizations(req)
-    if model_path is not None and not problems:
-        for param, path in (("training_file", train), ("validation_file", valid)):
-            if path is not None and "chat" in scan_cached(path, settings.max_validation_errors).formats:
-                problems += check_chat_template(model_path, path, param, req)
     if problems:
         raise RequestInvalid(problems=problems)
     assert model_path is not None and train is not None
-    return ResolvedInputs(model_path, train, valid, choice or choose_configuration(req, settings))
+    choice = choice or choose_configuration(req, settings)
+    for param, path in (("training_file", train), ("validation_file", valid)):
+        if path is not None and "chat" in scan_cached(path, settings.max_validation_errors).formats:
+            problems += check_chat_template(model_path, path, param, req)
+    if problems:
+        raise RequestInvalid(problems=problems)
+    return ResolvedInputs(model_path, train, valid, choice)
 
 
 def check_optimizations(req: JobCreate) -> list[Problem]:
