@@ -10,6 +10,8 @@ allowed model roots (`Settings.allowed_model_roots`), never to an arbitrary path
 
 from __future__ import annotations
 
+import dataclasses
+
 from eft.types.jobs import JobCreate
 from eft.types.plans import Cluster
 from eft.service.errors import Problem, RequestInvalid
@@ -22,6 +24,7 @@ from eft.planner.architectures import (
 )
 from eft.planner.planning import Plan
 from eft.planner.spec import PlanSpec
+from eft.service.model_support import inspect_model
 from eft.service.settings import Settings
 from eft.service.validation import resolve_under_roots
 
@@ -51,9 +54,14 @@ def resolve_architecture(model: str, settings: Settings) -> Architecture:
     if path is not None and ((path.is_file() and path.suffix == ".json")
                              or (path / "config.json").is_file()):
         try:
-            return architecture_from_config(path, name=model)
+            arch = architecture_from_config(path, name=model)
         except PlannerError as exc:
             raise RequestInvalid(problems=[Problem("model", "model_config_invalid", str(exc))]) from None
+        if path.is_dir():
+            # The model's own layer modules and exact size (names LoRA targets must use).
+            support = inspect_model(str(path))
+            arch = dataclasses.replace(arch, linears=support.linears, num_parameters=support.parameters)
+        return arch
     raise RequestInvalid(problems=[Problem(
         "model", "model_not_found",
         f"unknown model {model!r}: name a known architecture ({', '.join(KNOWN_ARCHITECTURES)}) or "

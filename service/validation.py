@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 from eft.types.jobs import JobCreate, LoraMethod
 from eft.types.plans import Cluster
 from eft.service.errors import Problem, RequestInvalid
+from eft.planner.architectures import LORA_PRESETS
 from eft.service.files import FILE_ID, uploaded_path
+from eft.service.model_support import ModelSupport, inspect_model
 from eft.service.settings import Settings
 from eft.training.config import LoraSpec, TrainConfig, steps_for
 from eft.training.formats import ScanResult, iter_jsonl, scan_jsonl
@@ -52,13 +54,15 @@ class Choice:
     attention: str
     precision: str
     predicted_memory_gb: float
+    #: Examples packed into rows (exact on this architecture) or padded per micro-batch.
+    packing: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Choice:
-        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
 
 
 @dataclass(frozen=True)
@@ -253,10 +257,18 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
                                 f"below max_workers ({max_workers}): every worker needs an example "
                                 "per step; raise global_batch_size or lower max_workers"))
     problems += check_optimizations(req)
+    support = None
+    if model_path is not None and Path(model_path).is_dir():
+        try:
+            support = inspect_model(model_path)
+        except RequestInvalid as exc:
+            problems += exc.problems
+    if support is not None:
+        problems += check_architecture(req, support)
     if problems:
         raise RequestInvalid(problems=problems)
     assert model_path is not None and train is not None
-    choice = choice or choose_configuration(req, settings)
+    choice = choice or choose_configuration(req, settings, support)
     for param, path in (("training_file", train), ("validation_file", valid)):
         if path is not None and "chat" in scan_cached(path, settings.max_validation_errors).formats:
             problems += check_chat_template(model_path, path, param, req)
@@ -288,6 +300,22 @@ def check_optimizations(req: JobCreate) -> list[Problem]:
     return problems
 
 
+def check_architecture(req: JobCreate, support: ModelSupport) -> list[Problem]:
+    """Options this architecture cannot honour."""
+    problems = []
+    opt = req.optimizations
+    if opt.attention not in ("auto", *support.attentions):
+        problems.append(Problem("optimizations.attention", "attention_unsupported",
+                                f"{support.architecture} does not support {opt.attention!r} attention: "
+                                f"use one of {', '.join(support.attentions)} (or auto)"))
+    if opt.packing and not support.packing:
+        problems.append(Problem("optimizations.packing", "packing_inexact",
+                                f"{support.architecture} takes positions from the attention mask, so "
+                                "examples packed in one row would attend to each other: set packing "
+                                "to false, or leave it unset to pad on this architecture"))
+    return problems
+
+
 def _cluster_for(req: JobCreate, settings: Settings) -> Cluster:
     workers = req.scaling.resolved_max_workers
     if req.scaling.use_gpu:
@@ -297,7 +325,7 @@ def _cluster_for(req: JobCreate, settings: Settings) -> Cluster:
     return Cluster(gpus=workers, gpu_memory_gb=settings.cpu_worker_memory_gb or total_gb * 0.8 / workers)
 
 
-def choose_configuration(req: JobCreate, settings: Settings) -> Choice:
+def choose_configuration(req: JobCreate, settings: Settings, support: ModelSupport | None = None) -> Choice:
     """Plan the job: the request's forced options stay, the planner picks the rest (the fastest
     configuration predicted to fit). Raises RequestInvalid (does_not_fit) naming the nearest
     configuration that would fit."""
@@ -310,10 +338,13 @@ def choose_configuration(req: JobCreate, settings: Settings) -> Choice:
     if req.method.type == "qlora" or (opt.precision == "fp16" and not gpu):
         # 4-bit weights, and fp16 on CPU (GradScaler), run under DDP only.
         narrowed["strategies"] = tuple(s for s in spec.strategies if s in QLORA_STRATEGIES)
+    supported = support.attentions if support is not None else spec.attentions
     if opt.attention != "auto":
         narrowed["attentions"] = (opt.attention,)
     elif not gpu:
-        narrowed["attentions"] = ("sdpa",)
+        narrowed["attentions"] = ("sdpa",) if "sdpa" in supported else ("eager",)
+    else:
+        narrowed["attentions"] = tuple(a for a in spec.attentions if a in supported) or ("eager",)
     if opt.offload != "auto":
         narrowed["offloads"] = (opt.offload,)
     if opt.gradient_checkpointing is not None:
@@ -328,6 +359,7 @@ def choose_configuration(req: JobCreate, settings: Settings) -> Choice:
         gradient_checkpointing=chosen.config.gradient_checkpointing,
         attention=chosen.config.attention, precision=precision,
         predicted_memory_gb=round(chosen.memory.total, 4),
+        packing=opt.packing if opt.packing is not None else (support.packing if support else True),
     )
 
 
@@ -356,6 +388,8 @@ def build_train_config(
     lora = None
     if isinstance(method, LoraMethod):
         target = method.target_modules if isinstance(method.target_modules, str) else tuple(method.target_modules)
+        if target in LORA_PRESETS:
+            target = inspect_model(inputs.model_path).targets_for(target)
         lora = LoraSpec(
             r=method.r, alpha=method.alpha, dropout=method.dropout, target_modules=target,
             quant_type=getattr(method, "quant_type", None),
@@ -379,7 +413,7 @@ def build_train_config(
         gradient_checkpointing=inputs.choice.gradient_checkpointing,
         attention=inputs.choice.attention, precision=inputs.choice.precision,
         predicted_memory_gb=inputs.choice.predicted_memory_gb,
-        packing=req.optimizations.packing, compile=req.optimizations.compile,
+        packing=inputs.choice.packing, compile=req.optimizations.compile,
         data_cache_dir=str(token_cache_dir(settings)),
         checkpoint_every_steps=req.checkpoint.every_steps, checkpoint_keep=req.checkpoint.keep,
         checkpoint_every_seconds=req.checkpoint.every_seconds,

@@ -38,6 +38,8 @@ class Linear:
     name: str
     in_features: int
     out_features: int
+    kind: str = ""
+    """"attention" or "mlp" (what LoRA presets select by)."""
 
     @property
     def parameters(self) -> int:
@@ -72,6 +74,9 @@ class Architecture:
     tie_word_embeddings: bool = False
     num_parameters: int | None = None
     """Override of the counted total, e.g. the study's nominal 7e9 for Llama 2 7B in Table 1."""
+    linears: tuple[Linear, ...] | None = None
+    """A decoder layer's linear modules as the model itself has them (read off the model by the
+    service); None derives them from the numbers above, named as Llama (or Falcon) names them."""
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -91,17 +96,20 @@ class Architecture:
 
     def layer_linears(self) -> tuple[Linear, ...]:
         """The linear modules of one decoder layer, named as in Hugging Face transformers."""
+        if self.linears is not None:
+            return self.linears
         h, i, d = self.hidden_size, self.intermediate_size, self.resolved_head_dim
         q_out, kv_out = self.num_heads * d, self.num_kv_heads * d
         if self.fused_qkv:
-            attention = (Linear("query_key_value", h, q_out + 2 * kv_out), Linear("dense", q_out, h))
+            attention = (Linear("query_key_value", h, q_out + 2 * kv_out, "attention"),
+                         Linear("dense", q_out, h, "attention"))
         else:
-            attention = (Linear("q_proj", h, q_out), Linear("k_proj", h, kv_out),
-                         Linear("v_proj", h, kv_out), Linear("o_proj", q_out, h))
+            attention = (Linear("q_proj", h, q_out, "attention"), Linear("k_proj", h, kv_out, "attention"),
+                         Linear("v_proj", h, kv_out, "attention"), Linear("o_proj", q_out, h, "attention"))
         if self.gated_mlp:
-            mlp = (Linear("gate_proj", h, i), Linear("up_proj", h, i), Linear("down_proj", i, h))
+            mlp = (Linear("gate_proj", h, i, "mlp"), Linear("up_proj", h, i, "mlp"), Linear("down_proj", i, h, "mlp"))
         else:
-            mlp = (Linear("dense_h_to_4h", h, i), Linear("dense_4h_to_h", i, h))
+            mlp = (Linear("dense_h_to_4h", h, i, "mlp"), Linear("dense_4h_to_h", i, h, "mlp"))
         return attention + mlp
 
     @property
@@ -144,16 +152,21 @@ class Architecture:
         """Trainable LoRA parameters: r * (in + out) per adapted linear, over every layer.
 
         `targets` is "all-linear" (every decoder-layer linear, as PEFT does; the LM head is left
-        out) or module names such as ("q_proj", "v_proj"). Raises PlannerError for a name this
-        architecture does not have.
+        out), a preset ("attention": the attention projections; "attention+mlp": those and the
+        MLP's), or module names such as ("q_proj", "v_proj"). Raises PlannerError for a name
+        this architecture does not have.
         """
         modules = self.layer_linears()
-        if targets != "all-linear":
+        if targets in LORA_PRESETS:
+            kinds = ("attention",) if targets == "attention" else ("attention", "mlp")
+            modules = tuple(m for m in modules if m.kind in kinds)
+        elif targets != "all-linear":
             known = {m.name for m in modules}
             unknown = sorted(set(targets) - known)
             if unknown:
-                raise PlannerError(f"{self.name} has no module {', '.join(unknown)}: use all-linear "
-                                   f"or some of {', '.join(m.name for m in modules)}", "lora_targets")
+                names = ", ".join(dict.fromkeys(m.name for m in modules))
+                raise PlannerError(f"{self.name} has no module {', '.join(unknown)}: use all-linear, "
+                                   f"attention, attention+mlp, or some of {names}", "lora_targets")
             modules = tuple(m for m in modules if m.name in targets)
         return self.num_layers * sum(r * (m.in_features + m.out_features) for m in modules)
 
@@ -183,6 +196,10 @@ KNOWN_ARCHITECTURES: Mapping[str, Architecture] = {
 }
 
 
+#: LoRA target presets besides "all-linear", resolved against a model's own module names.
+LORA_PRESETS = ("attention", "attention+mlp")
+
+
 def known_architecture(name: str) -> Architecture | None:
     """The registered architecture called `name` (case-insensitive), or None."""
     return KNOWN_ARCHITECTURES.get(name.strip().lower())
@@ -204,7 +221,12 @@ def _first(config: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
 
 
 def architecture_from_dict(config: Mapping[str, Any], name: str) -> Architecture:
-    """The architecture a Hugging Face config describes. Raises PlannerError naming a missing key."""
+    """The architecture a Hugging Face config describes (the text model's, for a multimodal
+    checkpoint whose numbers sit in `text_config`). Raises PlannerError naming a missing key."""
+    if _first(config, _KEYS["hidden_size"]) is None and isinstance(config.get("text_config"), Mapping):
+        text = dict(config["text_config"])
+        text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
+        return architecture_from_dict(text, name)
     found = {field: _first(config, keys) for field, keys in _KEYS.items()}
     missing = [_KEYS[f][0] for f, v in found.items() if v is None]
     if missing:

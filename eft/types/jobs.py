@@ -45,9 +45,11 @@ class LoraMethod(_Request):
     r: int = Field(8, ge=1, le=1024, description="Rank of the LoRA update matrices.")
     alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
-    target_modules: list[str] | Literal["all-linear"] = Field(
+    target_modules: list[str] | Literal["all-linear", "attention", "attention+mlp"] = Field(
         "all-linear",
-        description="Module name suffixes to adapt (e.g. ['q_proj', 'v_proj']) or 'all-linear'.",
+        description="Module names to adapt, as the model names them (e.g. ['q_proj', 'v_proj'] on "
+        "Llama, ['qkv_proj'] on Phi-3, ['c_attn'] on GPT-2), or a preset: 'all-linear' (every "
+        "linear of the decoder layers), 'attention' (the attention projections), 'attention+mlp'.",
     )
 
 
@@ -180,9 +182,11 @@ class Optimizations(_Request):
     offload: Literal["auto", "none", "optimizer", "optimizer+params"] = Field(
         "auto", description="Move optimizer state (and, with zero3/fsdp, parameters) to CPU memory."
     )
-    packing: bool = Field(
-        True, description="Pack examples into full max_seq_len rows with no attention across them: "
-        "no compute spent on padding, same loss. false pads each micro-batch instead."
+    packing: bool | None = Field(
+        None, description="Pack examples into full max_seq_len rows with no attention across them: "
+        "no compute spent on padding, same loss. false pads each micro-batch instead; null (auto) "
+        "packs on every architecture where packing is exact (not OPT or Bloom, whose positions "
+        "come from the attention mask)."
     )
     compile: bool = Field(
         False, description="torch.compile the model: faster steps after a one-off compile at start."

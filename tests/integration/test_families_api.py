@@ -137,3 +137,92 @@ def test_records_without_room_for_the_answer_are_left_out_and_counted(service, e
     job = store.get_job(refused)
     assert job.status.value == "failed" and job.error_code == "user_error.too_many_dropped"
     assert "5 of 10" in job.error_message and "max_dropped_fraction" in job.error_message
+
+
+def _plan(clients, body):
+    r = clients["acme"].post("/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+@pytest.fixture
+def chat_file(eft_home):
+    return write(eft_home, "chat.jsonl", [chat(i) for i in range(8)])
+
+
+def test_attention_kernel_is_chosen_per_architecture(service, chat_file):
+    clients, store, _ = service
+    gemma = _plan(clients, {"model": "tiny-gemma-2", "training_file": chat_file})
+    llama = _plan(clients, {"model": "tiny-llama-3.1", "training_file": chat_file})
+    assert store.get_job(gemma["id"]).plan["attention"] == "eager"  # Gemma 2 refuses SDPA
+    assert store.get_job(llama["id"]).plan["attention"] == "sdpa"
+    r = clients["acme"].post("/jobs", json={"model": "tiny-gemma-2", "training_file": chat_file,
+                                            "optimizations": {"attention": "sdpa"}})
+    problem = r.json()["error"]["errors"][0]
+    assert r.status_code == 422 and problem["code"] == "attention_unsupported" and "eager" in problem["message"]
+
+
+def test_packing_is_left_off_where_it_would_not_be_exact(service, eft_home):
+    clients, store, _ = service
+    text = write(eft_home, "text.jsonl", [{"text": f"The number {i} comes after {i - 1}."} for i in range(8)])
+    opt = _plan(clients, {"model": "tiny-opt", "training_file": text})
+    neox = _plan(clients, {"model": "tiny-pythia", "training_file": text})
+    assert store.get_job(opt["id"]).plan["packing"] is False and store.get_job(neox["id"]).plan["packing"] is True
+    r = clients["acme"].post("/jobs", json={"model": "tiny-bloom", "training_file": text,
+                                            "optimizations": {"packing": True}})
+    assert r.status_code == 422 and r.json()["error"]["errors"][0]["code"] == "packing_inexact"
+
+
+def test_lora_targets_are_the_models_own_module_names(service, chat_file, eft_home):
+    clients, store, settings = service
+    _plan(clients, {"model": "tiny-phi-3", "training_file": chat_file,
+                    "method": {"type": "lora", "target_modules": ["qkv_proj", "gate_up_proj"]}})
+    text = write(eft_home, "text.jsonl", [{"text": "a b c"}] * 4)
+    _plan(clients, {"model": "tiny-gpt2", "training_file": text,
+                    "method": {"type": "lora", "target_modules": ["c_attn"]}})
+    r = clients["acme"].post("/jobs", json={"model": "tiny-phi-3", "training_file": chat_file,
+                                            "method": {"type": "lora", "target_modules": ["q_proj", "v_proj"]}})
+    problem = r.json()["error"]["errors"][0]
+    assert r.status_code == 422 and problem["param"] == "method.target_modules"
+    assert "q_proj, v_proj" in problem["message"] and "qkv_proj" in problem["message"]
+    # A preset resolves to the model's names when the job is validated.
+    job = _plan(clients, {"model": "tiny-phi-3", "training_file": chat_file,
+                          "method": {"type": "lora", "target_modules": "attention"}})
+    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
+              validate_job).validate_pending()
+    assert sorted(store.get_job(job["id"]).config["lora"]["target_modules"]) == ["o_proj", "qkv_proj"]
+
+
+def test_remote_code_and_unknown_architectures_are_refused_clearly(service, chat_file, eft_home):
+    clients, _, _ = service
+    model = eft_home / "models" / "custom"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "my_custom_lm", "auto_map": {"AutoModelForCausalLM": "modeling_custom.CustomLM"},
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}))
+    r = clients["acme"].post("/jobs", json={"model": str(model), "training_file": chat_file})
+    problem = r.json()["error"]["errors"][0]
+    assert r.status_code == 422 and problem["code"] == "architecture_unsupported"
+    assert "trust_remote_code" in problem["message"]
+
+
+def test_a_multimodal_checkpoint_is_planned_from_its_text_config(service, chat_file, eft_home):
+    """Gemma 3 4B and up ship a multimodal config whose numbers sit in `text_config`."""
+    from transformers import Gemma3Config
+
+    clients, store, _ = service
+    model = eft_home / "models" / "gemma3-mm-config"
+    model.mkdir(parents=True)
+    Gemma3Config(
+        text_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+        mm_tokens_per_image=4, architectures=["Gemma3ForConditionalGeneration"],
+    ).save_pretrained(model)
+    r = clients["acme"].post("/plan", json={"model": str(model), "method": {"type": "lora"},
+                                             "cluster": {"gpus": 1, "gpu_memory_gb": 24}})
+    assert r.status_code == 200, r.text
+    # LoRA r=8 on every linear of the two text layers, as the model itself has them.
+    per_layer = 8 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 128) + (128 + 64))
+    assert r.json()["model"]["trainable_parameters"] == 2 * per_layer
