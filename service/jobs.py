@@ -37,7 +37,7 @@ from eft.service.validation import check_request
 log = logging.getLogger("eft.jobs")
 
 
-RESOLVED_KEYS = ("strategy", "offload", "gradient_checkpointing", "attention", "precision",
+RESOLVED_KEYS = ("strategy", "offload", "gradient_checkpointing", "attention", "precision", "packing",
                  "predicted_memory_gb", "total_steps")
 
 

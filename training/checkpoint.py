@@ -23,11 +23,43 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 STATE_FILE = "trainer_state.json"
 TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+
+
+ALIASES = "eft_aliases"
+
+
+def split_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tied weights (an LM head sharing the embedding, as in Qwen 2.5, Llama 3.2, Gemma,
+    SmolLM2 and GPT-2) appear under two names backed by one storage; safetensors stores a
+    tensor once, so the second name is kept as an alias of the first."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    owners: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if tensor.numel() and key in owners:
+            aliases[name] = owners[key]
+        else:
+            owners[key] = name
+            kept[name] = tensor
+    return kept, aliases
+
+
+def load_trainable(directory: Path) -> dict[str, torch.Tensor]:
+    """The trainable state `save` wrote, tied names included."""
+    path = str(directory / TRAINABLE_FILE)
+    state = load_file(path)
+    with safe_open(path, "pt") as handle:
+        aliases = json.loads((handle.metadata() or {}).get(ALIASES, "{}"))
+    for alias, owner in aliases.items():
+        state[alias] = state[owner]
+    return state
 
 
 def save(
@@ -41,7 +73,9 @@ def save(
     optimizer = strategy.optimizer_state()
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in trainable.items()}, str(directory / TRAINABLE_FILE))
+        kept, aliases = split_shared(trainable)
+        save_file({k: v.contiguous() for k, v in kept.items()}, str(directory / TRAINABLE_FILE),
+                  metadata={ALIASES: json.dumps(aliases)})
         torch.save(optimizer, directory / OPTIMIZER_FILE)
         (directory / STATE_FILE).write_text(json.dumps({
             "step": step, "world_size": world_size, "reason": reason,
@@ -53,7 +87,7 @@ def save(
 def restore(directory: Path, strategy: Any) -> dict[str, Any]:
     """Load a checkpoint written by `save` into `strategy`, whatever the world size it was
     written at. Returns its trainer state (with "step")."""
-    strategy.load_trainable_state(load_file(str(directory / TRAINABLE_FILE)))
+    strategy.load_trainable_state(load_trainable(directory))
     strategy.load_optimizer_state(torch.load(directory / OPTIMIZER_FILE, weights_only=False))
     return read_state(directory)
 

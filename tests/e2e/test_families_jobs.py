@@ -1,0 +1,74 @@
+"""Every family of the conformance kit fine-tuned through the running service: chat families on
+chat records under their own templates, base families on text; each adapter then loads with
+plain PEFT in a fresh process and changes the base model's output. Plus full fine-tuning under
+FSDP of a tied-embedding model, whose checkpoint must save and restore the shared weight."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from eft.training.families import model_name
+from eft.training.family_specs import FAMILIES
+
+from tests.e2e.conftest import as_json, client, wait_for
+
+MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
+
+LOAD_ADAPTERS = r"""
+import json, sys, torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+out = {}
+for base_dir, adapter_dir in json.loads(sys.argv[1]):
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        before = base(input_ids=ids).logits
+        tuned = PeftModel.from_pretrained(base, adapter_dir)
+        after = tuned(input_ids=ids).logits
+    out[adapter_dir] = [type(tuned).__name__, float((after - before).abs().max())]
+print(json.dumps(out))
+"""
+
+
+def _chat(i: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"What is {i} plus one?"},
+                         {"role": "assistant", "content": f"It is {i + 1}."}]}
+
+
+def test_every_family_trains_through_the_service_and_its_adapter_loads(service):
+    url, data = service["url"], service["home"] / "data"
+    (data / "families-chat.jsonl").write_text("".join(json.dumps(_chat(i)) + "\n" for i in range(8)))
+    (data / "families-text.jsonl").write_text(
+        "".join(json.dumps({"text": f"The number {i} comes before {i + 1}."}) + "\n" for i in range(8)))
+    common = {"hyperparameters": {"max_steps": 2, "global_batch_size": 2, "micro_batch_size": 2,
+                                  "max_seq_len": 128, "learning_rate": 1e-2},
+              "checkpoint": {"every_steps": 1}}
+    jobs = {}
+    for family in sorted(FAMILIES):
+        data_file = "families-chat.jsonl" if FAMILIES[family].get("chat_template") else "families-text.jsonl"
+        body = {"model": model_name(family), "training_file": data_file, **common}
+        jobs[family] = as_json(client(url).jobs.create(body))["id"]
+    # Full fine-tuning under FSDP of a tied-embedding model: checkpoints hold the shared weight once.
+    full = as_json(client(url).jobs.create({
+        "model": model_name("qwen2.5"), "training_file": "families-chat.jsonl", "method": {"type": "full"},
+        "strategy": "fsdp", **common}))["id"]
+    done = {family: wait_for(job_id, url, {"succeeded"}) for family, job_id in jobs.items()}
+    for family, job in done.items():
+        assert job["step"] == 2, family
+        if FAMILIES[family]["model_type"] in ("opt", "bloom"):
+            assert job["resolved"]["packing"] is False
+    full_done = wait_for(full, url, {"succeeded"})
+    assert (Path(full_done["artifact_path"]) / "model.safetensors").is_file()
+
+    pairs = [(str(MODELS / model_name(f)), job["artifact_path"]) for f, job in done.items()]
+    out = subprocess.run([sys.executable, "-c", LOAD_ADAPTERS, json.dumps(pairs)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    for _, adapter in pairs:
+        kind, moved = loaded[adapter]
+        assert kind == "PeftModelForCausalLM" and moved > 0, (adapter, kind, moved)
