@@ -202,11 +202,11 @@ def run(steps: int) -> str:
         f"(`RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`), so a report that comes while the one before is "
         f"still held waits for the next poll. Here the checkpoints came every "
         f"{gap_s:.1f} s of training ({steps} steps in {t_plain:.1f} s, every 20 steps): "
-        + (f"closer than the poll, so most reports waited, which is the time the ratio adds. At "
-           f"the default interval (50 steps) or on steps of real size, checkpoints are minutes "
-           f"apart and never wait. " if gap_s < 2.0 else
-           f"no closer than the poll, so no report waited, and the ratio is within the "
-           f"run-to-run noise of two short runs on 2 cores. ") +
+        + ("closer than the poll, so most reports waited, which is the time the ratio adds. At "
+           "the default interval (50 steps) or on steps of real size, checkpoints are minutes "
+           "apart and never wait. " if gap_s < 2.0 else
+           "no closer than the poll, so no report waited, and the ratio is within the "
+           "run-to-run noise of two short runs on 2 cores. ") +
         "Steps lost after a crash are those since the last checkpoint Ray Train had registered "
         "(it registers a reported checkpoint on its next poll of the workers, every 2 s); a "
         "drained or preempted node costs none (tests/e2e/test_recovery.py). The time to the "

@@ -436,9 +436,9 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float, load_at
         "Step by step, each ratio compares the same batch trained on both sides (the plain script runs "
         "the job's stored config, seed included), so a burst of outside load spoils a few steps of one "
         "side rather than a whole run's average.", "",
-        f"The steady-state column leaves out the first half of each run on both sides, to tell the start "
-        f"of a job (Ray Train's controller and helper actors start, each a process importing its modules, "
-        f"beside the first steps) from its steady rate: "
+        "The steady-state column leaves out the first half of each run on both sides, to tell the start "
+        "of a job (Ray Train's controller and helper actors start, each a process importing its modules, "
+        "beside the first steps) from its steady rate: "
         + ("the job's ratio is higher there, so part of the gap over steps 2..N is start-up, counted once "
            "in the start latency below." if med['p1_steady'] / med['plain_steady'] > med['p1'] / med['plain']
            else "here it is no higher than over steps 2..N, so the gap is in every step, not in the "
