@@ -26,7 +26,8 @@ from eft.planner.planning import Plan
 from eft.planner.spec import PlanSpec
 from eft.service.model_support import inspect_model
 from eft.service.settings import Settings
-from eft.service.validation import resolve_under_roots
+from eft.service import hub
+from eft.service.validation import HUB_ID, resolve_under_roots
 
 #: PlanSpec fields -> the request field a problem with them is reported against.
 REQUEST_PARAMS = {
@@ -51,6 +52,10 @@ def resolve_architecture(model: str, settings: Settings) -> Architecture:
         return known
     roots = settings.allowed_model_roots
     path = resolve_under_roots(model, roots)
+    if path is None and settings.allow_hub_models and HUB_ID.match(model):
+        path, problem = hub.snapshot(model, settings)
+        if problem is not None:
+            raise RequestInvalid(problems=[problem])
     if path is not None and ((path.is_file() and path.suffix == ".json")
                              or (path / "config.json").is_file()):
         try:

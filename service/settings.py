@@ -41,7 +41,19 @@ class Settings(BaseSettings):
         "<home>/models are always allowed.",
     )
     allow_hub_models: bool = Field(
-        False, description="Accept Hugging Face hub ids (needs network on every worker)."
+        False, description="Accept Hugging Face hub ids: resolved to a pinned revision through the "
+        "Hugging Face cache on the request path (config and tokenizer), the weights downloaded "
+        "once per node by the workers."
+    )
+    hub_cache_dir: Path | None = Field(
+        None, description="Hugging Face cache directory for hub models (default: huggingface_hub's, "
+        "HF_HUB_CACHE); a shared file system lets every node read one download."
+    )
+    hub_offline: bool = Field(
+        False, description="Use only hub models already in the cache (as HF_HUB_OFFLINE does)."
+    )
+    hub_timeout_s: float = Field(
+        2.0, gt=0, le=60, description="Seconds to wait for the Hub when resolving a model id."
     )
     checkpoint_root: str | None = Field(
         None, description="Ray Train storage_path: a directory or an s3://, gs://, abfs:// URI "

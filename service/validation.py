@@ -26,6 +26,7 @@ from eft.types.jobs import JobCreate, LoraMethod
 from eft.types.plans import Cluster
 from eft.service.errors import Problem, RequestInvalid
 from eft.planner.architectures import LORA_PRESETS
+from eft.service import hub
 from eft.service.files import FILE_ID, uploaded_path
 from eft.service.model_support import ModelSupport, inspect_model
 from eft.service.settings import Settings
@@ -102,7 +103,11 @@ def resolve_model(value: str, settings: Settings, problems: list[Problem]) -> st
     if path is not None and (path / "config.json").is_file():
         return str(path)
     if settings.allow_hub_models and HUB_ID.match(value) and not Path(value).is_absolute():
-        return value
+        snapshot, problem = hub.snapshot(value, settings)
+        if problem is not None:
+            problems.append(problem)
+            return None
+        return str(snapshot)
     bundled = sorted(
         p.parent.name for r in roots if r.is_dir() for p in r.glob("*/config.json")
     )
@@ -418,6 +423,7 @@ def build_train_config(
         checkpoint_every_steps=req.checkpoint.every_steps, checkpoint_keep=req.checkpoint.keep,
         checkpoint_every_seconds=req.checkpoint.every_seconds,
         max_restarts=req.recovery.max_restarts,
+        hub=hub.hub_source(inputs.model_path, settings),
         checkpoint_root=settings.resolved_checkpoint_root,
         artifact_root=str(settings.resolved_artifact_root), base_model_name=req.model,
     )

@@ -81,6 +81,8 @@ def build_manifest(cfg: TrainConfig, metrics: dict[str, Any], attempt: int) -> d
             "name": cfg.base_model_name,
             "path": str(model_dir),
             "fingerprint_sha256": model_fingerprint(model_dir) if model_dir.is_dir() else None,
+            # A hub model: the repository and the commit every worker loaded.
+            "hub": None if not cfg.hub else {"repo_id": cfg.hub["repo_id"], "revision": cfg.hub["revision"]},
         },
         "datasets": datasets,
         "method": cfg.method,

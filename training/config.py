@@ -62,6 +62,10 @@ class TrainConfig:
     checkpoint_every_seconds: float | None = None
     #: Restarts after platform failures (worker or node lost); preemptions are not counted.
     max_restarts: int = 3
+    #: A Hugging Face hub model: {"repo_id", "revision" (pinned commit), "cache_dir",
+    #: "local_files_only"}; the
+    #: workers load it from there instead of `model_path` (the service's config-only snapshot).
+    hub: dict[str, Any] | None = None
     checkpoint_root: str = ""
     artifact_root: str = ""
     base_model_name: str = ""

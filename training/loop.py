@@ -33,7 +33,7 @@ from eft.training.steps import host_peak_memory_gb, lr_lambda, peak_memory_gb, t
 from eft.training.data import DataError, TokenizeOptions, collate, global_batch_indices, shard_for_rank
 from eft.training.datacache import load_examples_cached
 from eft.training.errors import TrainingUserError
-from eft.training.model import load_trainable_model
+from eft.training.model import load_trainable_model, pretrained_path
 from eft.training.packing import collate_packed, packed_micro_batches, real_tokens
 from eft.training.strategies import build_strategy
 
@@ -94,7 +94,7 @@ class Recipe:
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(pretrained_path(cfg))
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id

@@ -31,6 +31,21 @@ def _quantization_config(cfg: TrainConfig) -> Any:
     )
 
 
+#: What a worker fetches of a hub model: weights (safetensors), config, tokenizer, template.
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.*"]
+
+
+def pretrained_path(cfg: TrainConfig) -> str:
+    """The local directory the base model and tokenizer load from. A hub model is fetched at its
+    pinned revision into the Hugging Face cache (once per node: later calls find it there)."""
+    if not cfg.hub:
+        return cfg.model_path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(cfg.hub["repo_id"], revision=cfg.hub["revision"], cache_dir=cfg.hub.get("cache_dir"),
+                             local_files_only=bool(cfg.hub.get("local_files_only")), allow_patterns=HUB_FILES)
+
+
 def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     """Returns the base model with the job's method applied; only trainable params need grads."""
     from transformers import AutoModelForCausalLM
@@ -40,7 +55,7 @@ def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     kwargs: dict[str, Any] = {"dtype": torch.float32, "attn_implementation": cfg.attention}
     if cfg.method == "qlora":
         kwargs["quantization_config"] = _quantization_config(cfg)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model_path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(pretrained_path(cfg), **kwargs)
     if cfg.gradient_checkpointing:
         # Non-reentrant checkpointing needs no input grads, so frozen embeddings are fine.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -1,0 +1,86 @@
+"""Hugging Face hub ids as base models, offline: a cache the test builds (the layout
+huggingface_hub writes) stands for what a download left; a model in it resolves to its pinned
+commit and is planned, tokenised and loaded from there; one that is not is a 422 at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from eft.api.app import create_app
+from eft.service.auth import KeyStore
+from eft.service.jobs import JobService
+from eft.service.launcher import RayJobsLauncher
+from eft.service.scheduler import Scheduler
+from eft.service.settings import get_settings
+from eft.service.store import Store
+from eft.service.validation import validate_job
+
+pytestmark = pytest.mark.integration
+MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def hub_cache(tmp_path):
+    """`acme/tiny-qwen` at COMMIT, with main pointing there, as huggingface_hub lays it out."""
+    repo = tmp_path / "hf-cache" / "models--acme--tiny-qwen"
+    shutil.copytree(MODELS / "tiny-qwen2.5", repo / "snapshots" / COMMIT)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return tmp_path / "hf-cache"
+
+
+@pytest.fixture
+def client(eft_home, hub_cache, monkeypatch):
+    monkeypatch.setenv("EFT_ALLOW_HUB_MODELS", "true")
+    monkeypatch.setenv("EFT_HUB_OFFLINE", "true")
+    monkeypatch.setenv("EFT_HUB_CACHE_DIR", str(hub_cache))
+    get_settings.cache_clear()
+    settings = get_settings()
+    store = Store(settings.resolved_database_url)
+    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    _, key = KeyStore(store.engine).create("default", "user", name="tests")
+    (eft_home / "data" / "chat.jsonl").write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"What is {i} plus one?"},
+        {"role": "assistant", "content": f"It is {i + 1}."}]}) + "\n" for i in range(6)))
+    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
+        yield c, store, settings
+    store.close()
+
+
+def test_a_cached_hub_model_is_pinned_planned_and_loadable(client):
+    c, store, settings = client
+    r = c.post("/jobs", json={"model": "acme/tiny-qwen", "training_file": "chat.jsonl"})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    assert store.get_job(job_id).plan["attention"] == "sdpa"
+    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
+              validate_job).validate_pending()
+    job = store.get_job(job_id)
+    assert job.status.value == "queued", job.error_message
+    hub = job.config["hub"]
+    assert hub["repo_id"] == "acme/tiny-qwen" and hub["revision"] == COMMIT
+    # The workers' path: from_pretrained(repo id, pinned revision, cache), no network.
+    from eft.training.config import TrainConfig
+    from eft.training.model import load_trainable_model
+
+    model = load_trainable_model(TrainConfig.from_dict(job.config))
+    assert type(model).__name__ == "PeftModelForCausalLM"
+    assert model.base_model.model.config.model_type == "qwen2"
+
+
+def test_an_uncached_hub_model_offline_is_a_422_within_two_seconds(client):
+    c, _, _ = client
+    started = time.perf_counter()
+    r = c.post("/jobs", json={"model": "acme/not-downloaded", "training_file": "chat.jsonl"})
+    elapsed = time.perf_counter() - started
+    assert r.status_code == 422 and elapsed < 2.0, (r.text, elapsed)
+    problem = r.json()["error"]["errors"][0]
+    assert problem["param"] == "model" and problem["code"] == "hub_unreachable"
+    assert "not in" in problem["message"] and "local model directory" in problem["message"]
