@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eft.types.files import DatasetProblem, DatasetReport, LossToken, TokenStats
-from eft.training.formats import check_record, iter_jsonl
+from eft.training.formats import check_record, iter_records
 
 MAX_EXAMPLE_TOKENS = 256
 
@@ -26,7 +26,7 @@ def _fingerprint(record: Any) -> str:
 def fingerprints(path: Path) -> dict[str, int]:
     """Record fingerprint -> first line number, for records that parse."""
     seen: dict[str, int] = {}
-    for lineno, record, error in iter_jsonl(path, utf8_errors_per_line=True):
+    for lineno, record, error in iter_records(path, utf8_errors_per_line=True):
         if error is None:
             seen.setdefault(_fingerprint(record), lineno)
     return seen
@@ -59,7 +59,7 @@ def check_dataset(path: Path, name: str, *, max_problems: int = 20, tokenizer: A
     seen: dict[str, int] = {}
     good: list[tuple[int, Any]] = []
     records = 0
-    for lineno, record, parse_error in iter_jsonl(path, utf8_errors_per_line=True):
+    for lineno, record, parse_error in iter_records(path, utf8_errors_per_line=True):
         records += 1
         if parse_error:
             found.error(lineno, "line", parse_error, "invalid_json")

@@ -1,4 +1,5 @@
-"""Uploaded files: stored under `<artifact root>/files/<id>.jsonl`, owned by a tenant.
+"""Uploaded files: stored under `<files root>/<id>.jsonl` (or `.parquet`, `.csv`, after the
+uploaded name), owned by a tenant.
 
 An upload is streamed to a temporary file in the same directory while its SHA-256 and size are
 computed, then renamed into place and recorded: a failed or oversized upload leaves nothing
@@ -58,6 +59,10 @@ class FileRecord:
     created_at: datetime
 
 
+#: How uploads are stored: JSONL, Parquet or CSV (see eft.training.formats).
+UPLOAD_SUFFIXES = (".jsonl", ".parquet", ".csv")
+
+
 def new_file_id() -> str:
     """`file-` + 12 hex digits of milliseconds + 12 random: sorts by creation time."""
     return f"file-{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
@@ -77,7 +82,18 @@ def uploaded_path(file_id: str, settings: Settings) -> Path:
     """Where an upload's bytes live (the id is checked against FILE_ID first, so no traversal)."""
     if not FILE_ID.match(file_id):
         raise FileNotFound(file_id)
-    return files_root(settings) / f"{file_id}.jsonl"
+    root = files_root(settings)
+    for suffix in UPLOAD_SUFFIXES:
+        if (root / f"{file_id}{suffix}").is_file():
+            return root / f"{file_id}{suffix}"
+    return root / f"{file_id}.jsonl"
+
+
+def upload_suffix(filename: str) -> str:
+    """The stored file's suffix, from the uploaded name: Parquet and CSV keep theirs, anything
+    else is read as JSONL."""
+    suffix = Path(filename).suffix.lower()
+    return suffix if suffix in UPLOAD_SUFFIXES else ".jsonl"
 
 
 def check_filename(filename: str | None) -> str:
@@ -117,7 +133,7 @@ class FileStore:
         fd, tmp = tempfile.mkstemp(dir=root, prefix=".upload-")
         try:
             digest, size = self._copy(stream, fd)
-            final = uploaded_path(file_id, self.settings)
+            final = files_root(self.settings) / f"{file_id}{upload_suffix(name)}"
             os.replace(tmp, final)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -11,6 +11,7 @@ Two stages:
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
 import functools
 import importlib.util
@@ -31,7 +32,9 @@ from eft.service.files import FILE_ID, uploaded_path
 from eft.service.model_support import ModelSupport, inspect_model
 from eft.service.settings import Settings
 from eft.training.config import LoraSpec, TrainConfig, steps_for
-from eft.training.formats import ScanResult, iter_jsonl, scan_jsonl
+from eft.training.formats import (
+    ScanResult, content_bytes, data_kind, is_dataset_dir, iter_records, scan_jsonl,
+)
 
 if TYPE_CHECKING:
     from eft.service.store import JobRecord
@@ -119,8 +122,10 @@ def resolve_model(value: str, settings: Settings, problems: list[Problem]) -> st
     return None
 
 
-def resolve_dataset(value: str, param: str, settings: Settings, problems: list[Problem]) -> Path | None:
-    """Resolve and fully scan one JSONL file; every problem found is appended."""
+def resolve_dataset(value: str, param: str, settings: Settings, problems: list[Problem],
+                    columns: dict[str, str] | None = None) -> Path | None:
+    """Resolve and fully scan one dataset (JSONL, Parquet, CSV file or `datasets` directory);
+    every problem found is appended."""
     roots = settings.allowed_data_roots
     if URI.match(value):
         problems.append(Problem(param, "unsupported_uri", "remote URIs are not enabled on this "
@@ -128,7 +133,7 @@ def resolve_dataset(value: str, param: str, settings: Settings, problems: list[P
         return None
     if FILE_ID.match(value):
         path = uploaded_path(value, settings)
-        path = path if path.is_file() else None
+        path = path if path.exists() else None
     else:
         path = resolve_under_roots(value, roots)
     if path is None:
@@ -136,17 +141,20 @@ def resolve_dataset(value: str, param: str, settings: Settings, problems: list[P
                                 f"{value!r} is not a file under an allowed data root "
                                 f"({_roots_hint(roots)}): check the path"))
         return None
-    if not path.is_file():
-        problems.append(Problem(param, "not_a_file", f"{value!r} is a directory, not a JSONL file"))
+    if path.is_dir() and not is_dataset_dir(path):
+        problems.append(Problem(param, "not_a_file", f"{value!r} is a directory but not a `datasets` "
+                                "save_to_disk directory: name a JSONL, Parquet or CSV file, or such a directory"))
         return None
-    if path.stat().st_size > settings.max_dataset_bytes:
+    if content_bytes(path) > settings.max_dataset_bytes:
         problems.append(Problem(param, "file_too_large",
                                 f"{value!r} exceeds {settings.max_dataset_bytes} bytes"))
         return None
     try:
-        scan = scan_cached(path, settings.max_validation_errors)
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(Problem(param, "file_unreadable", f"cannot read {value!r} as UTF-8 text: {exc}"))
+        scan = scan_cached(path, settings.max_validation_errors, columns)
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error) as exc:
+        kind = {"parquet": "Parquet", "csv": "UTF-8 CSV", "arrow": "a `datasets` directory"}.get(
+            data_kind(path), "UTF-8 JSONL")
+        problems.append(Problem(param, "file_unreadable", f"cannot read {value!r} as {kind}: {exc}"))
         return None
     for p in scan.problems:
         problems.append(Problem(f"{param}:line {p.line}:{p.field}", "invalid_record",
@@ -159,16 +167,20 @@ def resolve_dataset(value: str, param: str, settings: Settings, problems: list[P
     return path if not scan.problems_total and scan.records else None
 
 
-def scan_cached(path: Path, max_problems: int) -> ScanResult:
-    """`scan_jsonl`, remembered while the file is unchanged (same inode, size and mtime): jobs
-    that reuse a dataset are checked once, on the request path and in the scheduler alike."""
+def scan_cached(path: Path, max_problems: int, columns: dict[str, str] | None = None) -> ScanResult:
+    """`scan_jsonl`, remembered while the file is unchanged (same inode, size and mtime; for a
+    directory, of its newest file): jobs that reuse a dataset are checked once, on the request
+    path and in the scheduler alike."""
+    stats = [p.stat() for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path.stat()]
+    key = (len(stats), sum(st.st_size for st in stats), max((st.st_mtime_ns for st in stats), default=0))
     st = path.stat()
-    return _scan(str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, max_problems)
+    return _scan(str(path.resolve()), st.st_ino, key, max_problems, tuple(sorted((columns or {}).items())))
 
 
 @functools.lru_cache(maxsize=64)
-def _scan(path: str, _ino: int, _size: int, _mtime_ns: int, max_problems: int) -> ScanResult:
-    return scan_jsonl(Path(path), max_problems)
+def _scan(path: str, _ino: int, _key: tuple[int, int, int], max_problems: int,
+          columns: tuple[tuple[str, str], ...]) -> ScanResult:
+    return scan_jsonl(Path(path), max_problems, dict(columns))
 
 
 def _tokenizer_signature(model_path: str) -> tuple[tuple[str, int, int], ...]:
@@ -222,7 +234,7 @@ def check_chat_template(model_path: str, path: Path, param: str, req: JobCreate)
                         "a model directory needs its tokenizer files (tokenizer.json, "
                         "tokenizer_config.json) to train on chat records")]
     with request_tokenizer(model_path) as tokenizer:
-        for lineno, record, error in itertools.islice(iter_jsonl(path), TEMPLATE_SAMPLE):
+        for lineno, record, error in itertools.islice(iter_records(path, columns=req.data.columns), TEMPLATE_SAMPLE):
             if error or not isinstance(record, dict) or "messages" not in record:
                 continue
             try:
@@ -239,10 +251,11 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
     one). Returns resolved inputs; raises RequestInvalid."""
     problems: list[Problem] = []
     model_path = resolve_model(req.model, settings, problems)
-    train = resolve_dataset(req.training_file, "training_file", settings, problems)
+    columns = req.data.columns
+    train = resolve_dataset(req.training_file, "training_file", settings, problems, columns)
     valid = None
     if req.validation_file:
-        valid = resolve_dataset(req.validation_file, "validation_file", settings, problems)
+        valid = resolve_dataset(req.validation_file, "validation_file", settings, problems, columns)
     if req.strategy not in AVAILABLE_STRATEGIES:
         problems.append(Problem("strategy", "strategy_unavailable",
                                 f"strategy {req.strategy!r} is not available in this build: use "
@@ -275,7 +288,7 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
     assert model_path is not None and train is not None
     choice = choice or choose_configuration(req, settings, support)
     for param, path in (("training_file", train), ("validation_file", valid)):
-        if path is not None and "chat" in scan_cached(path, settings.max_validation_errors).formats:
+        if path is not None and "chat" in scan_cached(path, settings.max_validation_errors, columns).formats:
             problems += check_chat_template(model_path, path, param, req)
     if problems:
         raise RequestInvalid(problems=problems)
@@ -411,6 +424,7 @@ def build_train_config(
         max_grad_norm=hp.max_grad_norm, global_batch_size=hp.global_batch_size,
         micro_batch_size=hp.micro_batch_size, max_seq_len=hp.max_seq_len, seed=hp.seed,
         train_on=req.data.train_on, system_message=req.data.system_message,
+        data_columns=dict(req.data.columns),
         log_every_steps=hp.log_every_steps, min_workers=req.scaling.min_workers,
         max_workers=req.scaling.resolved_max_workers, use_gpu=req.scaling.use_gpu,
         cpus_per_worker=req.scaling.cpus_per_worker, resources_per_worker=dict(req.scaling.resources),
@@ -480,4 +494,5 @@ def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[
 def tokenize_options(req: JobCreate) -> Any:
     from eft.training.data import TokenizeOptions
 
-    return TokenizeOptions(req.hyperparameters.max_seq_len, req.data.train_on, req.data.system_message)
+    return TokenizeOptions(req.hyperparameters.max_seq_len, req.data.train_on, req.data.system_message,
+                           tuple(sorted(req.data.columns.items())))

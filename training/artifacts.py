@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 
 from eft.training import storage
 from eft.training.config import TrainConfig
+from eft.training.formats import content_digest
 
 MANIFEST = "eft_manifest.json"
 # Written last: an artifact without it is incomplete (a publish still running, or cut short).
@@ -31,6 +32,8 @@ _CHUNK = 1 << 20
 
 
 def file_sha256(path: Path) -> str:
+    if path.is_dir():  # a `datasets` directory
+        return content_digest(path)
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):

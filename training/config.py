@@ -47,6 +47,8 @@ class TrainConfig:
     train_on: str = "assistant"
     #: Chat records: "keep" the system message or "fold" it into the first user turn.
     system_message: str = "keep"
+    #: Canonical record field -> the dataset column it is read from.
+    data_columns: dict[str, str] = dataclasses.field(default_factory=dict)
     seed: int = 42
     log_every_steps: int = 1
     min_workers: int = 1

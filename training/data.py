@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from eft.training.chat import TemplateError, tokenize_chat
-from eft.training.formats import check_record, iter_jsonl
+from eft.training.formats import check_record, iter_records
 
 IGNORE_INDEX = -100
 
@@ -49,6 +49,8 @@ class TokenizeOptions:
     train_on: str = "assistant"
     #: Chat records: "keep" the system message, or "fold" it into the first user turn.
     system_message: str = "keep"
+    #: Canonical field -> the column it is read from, as sorted pairs (e.g. (("prompt", "q"),)).
+    columns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -115,7 +117,8 @@ def tokenize_record(tokenizer: Any, record: dict[str, Any], options: TokenizeOpt
 
 
 def load_examples(path: str, tokenizer: Any, options: TokenizeOptions | int) -> LoadedData:
-    """Read, check and tokenize every record of a JSONL file.
+    """Read, check and tokenize every record of a data file (JSONL, Parquet, CSV, or a
+    `datasets` directory).
 
     Records with no trained token within max_seq_len are left out and listed in `dropped`.
     Raises DataError on the first record that is malformed or that the template refuses, and
@@ -126,7 +129,7 @@ def load_examples(path: str, tokenizer: Any, options: TokenizeOptions | int) -> 
     examples: list[Example] = []
     dropped: list[int] = []
     records = 0
-    for lineno, record, parse_error in iter_jsonl(Path(path)):
+    for lineno, record, parse_error in iter_records(Path(path), columns=dict(options.columns)):
         records += 1
         if parse_error:
             raise DataError(path, lineno, "line", parse_error)

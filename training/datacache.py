@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from eft.training.data import Example, LoadedData, TokenizeOptions, load_examples
+from eft.training.formats import content_digest
 
 #: Bump when tokenisation changes meaning (the cache then misses and refills).
 FORMAT = 2
@@ -34,9 +35,7 @@ def cache_key(path: str, tokenizer: Any, options: TokenizeOptions) -> str:
     """The entry name for this file, tokenizer and options."""
     digest = hashlib.sha256(f"eft-tokens-v{FORMAT}:{options!r}:".encode())
     digest.update(_tokenizer_digest(tokenizer).encode())
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    digest.update(content_digest(Path(path)).encode())
     return digest.hexdigest()[:32]
 
 

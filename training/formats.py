@@ -1,5 +1,13 @@
-"""Dataset record shapes and their schema checks. Pure Python (json only), so the service can
-check an upload or a request's files without importing torch.
+"""Dataset files, record shapes and their schema checks. No torch here, so the service can check
+an upload or a request's files without importing it.
+
+Files: JSONL (`.jsonl`, `.json` with one record per line), Parquet (`.parquet`), CSV (`.csv`,
+with `messages`/`tools`/`conversations` cells holding JSON) and `datasets` directories written
+by `save_to_disk` (the `train` split of a DatasetDict). Every reader yields records numbered
+from 1 (lines, or rows) so problems name where they are.
+
+Shapes, detected per record after an optional column mapping (`{"prompt": "question"}` reads
+the prompt from the column `question`):
 
 Three shapes, one per JSONL line, detected per record:
 - chat: `{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...],
@@ -10,14 +18,18 @@ Three shapes, one per JSONL line, detected per record:
 - text: `{"text": str}`; the loss is on every token.
 - classification: `{"text": str, "label": str | int}`; trained as prompt `text`, completion
   `label`, so the loss is on the label only.
+- Alpaca: `{"instruction": str, "input": str, "output": str}` and ShareGPT:
+  `{"conversations": [{"from": "human"|"gpt"|"system"|..., "value": str}]}` are read as chat.
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -159,14 +171,146 @@ def iter_jsonl(path: Path, utf8_errors_per_line: bool = False) -> Iterator[tuple
                 yield lineno, None, "is nested too deeply to parse: flatten the record"
 
 
-def scan_jsonl(path: Path, max_problems: int = 20) -> ScanResult:
-    """Parse and schema-check every line of a JSONL dataset.
+#: File suffixes read as datasets (anything else is read as JSONL).
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+#: Markers of a `datasets` directory (`Dataset.save_to_disk` / `DatasetDict.save_to_disk`).
+ARROW_MARKERS = ("state.json", "dataset_dict.json", "dataset_info.json")
+_JSON_CELLS = ("messages", "tools", "conversations")
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system",
+                  "tool": "tool", "observation": "tool", "function_response": "tool",
+                  "function_call": "assistant"}
+
+
+def data_kind(path: Path) -> str:
+    """"jsonl", "parquet", "csv" or "arrow" (a `datasets` directory)."""
+    if path.is_dir():
+        return "arrow"
+    return {".parquet": "parquet", ".csv": "csv"}.get(path.suffix.lower(), "jsonl")
+
+
+def is_dataset_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / m).is_file() for m in ARROW_MARKERS)
+
+
+def content_digest(path: Path) -> str:
+    """sha256 of a data file's bytes, or of every file of a dataset directory (names and bytes)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def content_bytes(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def normalize(record: Any, columns: Mapping[str, str] | None = None) -> Any:
+    """A record in a canonical shape: mapped columns renamed, Alpaca and ShareGPT as chat."""
+    if not isinstance(record, dict):
+        return record
+    if columns:
+        record = dict(record)
+        for canonical, source in columns.items():
+            if source in record and source != canonical:
+                record[canonical] = record.pop(source)
+    if "messages" in record or "prompt" in record or "text" in record:
+        return record
+    if isinstance(record.get("conversations"), list):
+        messages = []
+        for turn in record["conversations"]:
+            if not isinstance(turn, dict):
+                messages.append(turn)
+                continue
+            role = turn.get("from", turn.get("role"))
+            message = {"role": SHAREGPT_ROLES.get(str(role).lower(), role),
+                       "content": turn.get("value", turn.get("content"))}
+            if "weight" in turn:
+                message["weight"] = turn["weight"]
+            messages.append(message)
+        out = {"messages": messages}
+        if "tools" in record:
+            out["tools"] = record["tools"]
+        return out
+    if "instruction" in record and "output" in record:
+        extra = record.get("input")
+        user = f"{record['instruction']}\n\n{extra}" if isinstance(extra, str) and extra.strip() else record["instruction"]
+        messages = [{"role": "user", "content": user}, {"role": "assistant", "content": record["output"]}]
+        if isinstance(record.get("system"), str) and record["system"].strip():
+            messages.insert(0, {"role": "system", "content": record["system"]})
+        return {"messages": messages}
+    return record
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    import pyarrow.parquet as pq
+
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for record in batch.to_pylist():
+            row += 1
+            yield row, record, None
+
+
+def _iter_csv(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        for row, record in enumerate(csv.DictReader(handle), start=1):
+            error = None
+            for key in _JSON_CELLS:
+                value = record.get(key)
+                if isinstance(value, str) and value.strip().startswith(("[", "{")):
+                    try:
+                        record[key] = json.loads(value)
+                    except json.JSONDecodeError as exc:
+                        error = f"column {key!r} is not valid JSON: {exc.msg} at column {exc.colno}"
+            yield row, (None if error else record), error
+
+
+def _iter_arrow(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        split = "train" if "train" in loaded else next(iter(loaded))
+        loaded = loaded[split]
+    for row, record in enumerate(loaded, start=1):
+        yield row, record, None
+
+
+def iter_records(path: Path, utf8_errors_per_line: bool = False,
+                 columns: Mapping[str, str] | None = None) -> Iterator[tuple[int, Any, str | None]]:
+    """(line or row number, record in canonical shape or None, read error or None) of any
+    supported data file or directory. Raises OSError / UnicodeDecodeError as `iter_jsonl`."""
+    kind = data_kind(path)
+    if kind == "parquet":
+        source = _iter_parquet(path)
+    elif kind == "csv":
+        source = _iter_csv(path)
+    elif kind == "arrow":
+        if not is_dataset_dir(path):
+            raise OSError(f"{path.name} is a directory but not a `datasets` save_to_disk directory")
+        source = _iter_arrow(path)
+    else:
+        source = iter_jsonl(path, utf8_errors_per_line)
+    for number, record, error in source:
+        yield number, (normalize(record, columns) if error is None else None), error
+
+
+def scan_jsonl(path: Path, max_problems: int = 20, columns: Mapping[str, str] | None = None) -> ScanResult:
+    """Parse and schema-check every record of a dataset (any supported file or directory).
 
     Returns a ScanResult with up to `max_problems` problems (and the total count). Raises
     OSError or UnicodeDecodeError when the file cannot be read as UTF-8 text.
     """
     result = ScanResult()
-    for lineno, record, parse_error in iter_jsonl(path):
+    for lineno, record, parse_error in iter_records(path, columns=columns):
         result.records += 1
         found: list[tuple[str, str]]
         if parse_error:

@@ -98,7 +98,8 @@ class Recipe:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id
-        options = TokenizeOptions(cfg.max_seq_len, cfg.train_on, cfg.system_message)
+        options = TokenizeOptions(cfg.max_seq_len, cfg.train_on, cfg.system_message,
+                                  tuple(sorted(cfg.data_columns.items())))
         try:
             self.train_examples = load_examples_cached(cfg.training_file, self.tokenizer, options,
                                                        cfg.data_cache_dir).examples

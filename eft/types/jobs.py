@@ -193,6 +193,11 @@ class Optimizations(_Request):
     )
 
 
+#: Record fields a dataset column may be mapped to (`data.columns`).
+RECORD_FIELDS = ("messages", "tools", "prompt", "completion", "text", "label", "instruction", "input",
+                 "output", "system", "conversations")
+
+
 class DataOptions(_Request):
     """What a job trains on, and how records meet the model's chat template."""
 
@@ -204,10 +209,25 @@ class DataOptions(_Request):
         "keep", description="Chat records: pass a system message to the chat template, or fold it "
         "into the first user turn (for templates with no system role, such as Gemma 2's)."
     )
+    columns: dict[str, str] = Field(
+        default_factory=dict, max_length=16, description="Where a record's fields come from in "
+        "a dataset with other column names: {\"prompt\": \"question\", \"completion\": \"answer\"} "
+        "reads the prompt from the column question. Fields: messages, tools, prompt, completion, "
+        "text, label, instruction, input, output, conversations."
+    )
     max_dropped_fraction: float = Field(
         0.05, ge=0.0, le=1.0, description="Records with no trained token within max_seq_len are "
         "left out with a warning; the job is refused when more than this share of them would be."
     )
+
+    @field_validator("columns")
+    @classmethod
+    def _known_fields(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(RECORD_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown record field(s) {', '.join(unknown)}: map columns to "
+                             f"{', '.join(RECORD_FIELDS)}")
+        return value
 
 
 class Trackers(_Request):
