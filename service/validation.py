@@ -476,19 +476,19 @@ def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[
                 f"max_seq_len={options.max_seq_len}, more than data.max_dropped_fraction="
                 f"{req.data.max_dropped_fraction}: raise hyperparameters.max_seq_len, shorten those "
                 "prompts, or raise data.max_dropped_fraction", param)
-    train = loaded["training_file"].examples
+    train = loaded["training_file"]
     valid = loaded["validation_file"].examples if "validation_file" in loaded else []
-    lengths = [len(e.input_ids) for e in train]
+    lengths = train.lengths
     stats = {
-        "train_examples": len(train), "validation_examples": len(valid),
-        "train_tokens": sum(lengths), "min_tokens": min(lengths), "max_tokens": max(lengths),
-        "mean_tokens": round(sum(lengths) / len(lengths), 1),
-        "truncated_examples": sum(1 for n in lengths if n >= options.max_seq_len),
-        "loss_tokens": sum(e.loss_tokens for e in train),
+        "train_examples": len(lengths), "validation_examples": len(valid),
+        "train_tokens": int(lengths.sum()), "min_tokens": int(lengths.min()), "max_tokens": int(lengths.max()),
+        "mean_tokens": round(float(lengths.mean()), 1),
+        "truncated_examples": int((lengths >= options.max_seq_len).sum()),
+        "loss_tokens": train.loss_tokens,
         "dropped_examples": len(loaded["training_file"].dropped),
         "dropped_lines": loaded["training_file"].dropped[:20],
     }
-    return build_train_config(job.id, req, inputs, len(train), settings), stats
+    return build_train_config(job.id, req, inputs, len(lengths), settings), stats
 
 
 def tokenize_options(req: JobCreate) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -55,16 +55,27 @@ class TokenizeOptions:
 
 @dataclass
 class LoadedData:
-    """A file's examples in file order, and the records left out (no loss tokens within
-    max_seq_len), by line number."""
+    """A file's examples in file order (a list, or `ArrowExamples` memory-mapped from the token
+    cache), and the records left out (no loss tokens within max_seq_len), by line number."""
 
-    examples: list[Example]
+    examples: Sequence[Example]
     dropped: list[int]
     records: int
 
     @property
     def dropped_fraction(self) -> float:
         return len(self.dropped) / self.records if self.records else 0.0
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per example (without touching the examples when they are memory-mapped)."""
+        known = getattr(self.examples, "lengths", None)
+        return known if known is not None else np.array([len(e.input_ids) for e in self.examples], dtype=np.int64)
+
+    @property
+    def loss_tokens(self) -> int:
+        known = getattr(self.examples, "loss_tokens", None)
+        return int(known) if known is not None else sum(e.loss_tokens for e in self.examples)
 
 
 def _eos_appended(tokenizer: Any, ids: list[int], trained: list[bool]) -> tuple[list[int], list[bool]]:
@@ -116,9 +127,36 @@ def tokenize_record(tokenizer: Any, record: dict[str, Any], options: TokenizeOpt
     return Example(ids[:n], labels[:n])
 
 
+def tokenize_file(path: str, tokenizer: Any, options: TokenizeOptions) -> Iterator[tuple[int, Example | None]]:
+    """(line, example) for every record of a data file, in order; the example is None for a
+    record with no trained token within max_seq_len. Raises DataError on the first record
+    that is malformed or that the template refuses."""
+    for lineno, record, parse_error in iter_records(Path(path), columns=dict(options.columns)):
+        if parse_error:
+            raise DataError(path, lineno, "line", parse_error)
+        _, problems = check_record(record)
+        if problems:
+            raise DataError(path, lineno, *problems[0])
+        try:
+            example = tokenize_record(tokenizer, record, options)
+        except TemplateError as exc:
+            raise DataError(path, lineno, exc.field, str(exc), exc.rule) from None
+        yield lineno, (example if example.loss_tokens else None)
+
+
+def check_loaded(path: str, records: int, kept: int, first_dropped: int | None, options: TokenizeOptions) -> None:
+    """Raises DataError for a file with no records, or none left to train on."""
+    if records == 0:
+        raise DataError(path, 0, "file", "has no records", "empty_file")
+    if kept == 0:
+        raise DataError(path, first_dropped or 0, "record",
+                        f"no record has a trained token within max_seq_len={options.max_seq_len}: "
+                        "raise max_seq_len or shorten the prompts", "no_loss_tokens")
+
+
 def load_examples(path: str, tokenizer: Any, options: TokenizeOptions | int) -> LoadedData:
     """Read, check and tokenize every record of a data file (JSONL, Parquet, CSV, or a
-    `datasets` directory).
+    `datasets` directory), into memory.
 
     Records with no trained token within max_seq_len are left out and listed in `dropped`.
     Raises DataError on the first record that is malformed or that the template refuses, and
@@ -129,27 +167,13 @@ def load_examples(path: str, tokenizer: Any, options: TokenizeOptions | int) -> 
     examples: list[Example] = []
     dropped: list[int] = []
     records = 0
-    for lineno, record, parse_error in iter_records(Path(path), columns=dict(options.columns)):
+    for lineno, example in tokenize_file(path, tokenizer, options):
         records += 1
-        if parse_error:
-            raise DataError(path, lineno, "line", parse_error)
-        _, problems = check_record(record)
-        if problems:
-            raise DataError(path, lineno, *problems[0])
-        try:
-            example = tokenize_record(tokenizer, record, options)
-        except TemplateError as exc:
-            raise DataError(path, lineno, exc.field, str(exc), exc.rule) from None
-        if example.loss_tokens == 0:
+        if example is None:
             dropped.append(lineno)
-            continue
-        examples.append(example)
-    if records == 0:
-        raise DataError(path, 0, "file", "has no records", "empty_file")
-    if not examples:
-        raise DataError(path, dropped[0], "record",
-                        f"no record has a trained token within max_seq_len={options.max_seq_len}: "
-                        "raise max_seq_len or shorten the prompts", "no_loss_tokens")
+        else:
+            examples.append(example)
+    check_loaded(path, records, len(examples), dropped[0] if dropped else None, options)
     return LoadedData(examples, dropped, records)
 
 

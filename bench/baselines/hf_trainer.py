@@ -53,7 +53,7 @@ def main() -> None:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     rows = [{"input_ids": e.input_ids, "labels": e.labels, "attention_mask": [1] * len(e.input_ids)}
-            for e in load_examples(args.data, tokenizer, args.max_seq_len)]
+            for e in load_examples(args.data, tokenizer, args.max_seq_len).examples]
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05,
                                              target_modules="all-linear", task_type="CAUSAL_LM"))
