@@ -31,6 +31,21 @@ def _quantization_config(cfg: TrainConfig) -> Any:
     )
 
 
+def base_weight_dtype(cfg: TrainConfig) -> torch.dtype:
+    """The dtype the base model's weights are loaded in.
+
+    LoRA under DDP with 16-bit precision keeps the frozen base weights in the compute dtype (2
+    bytes each, as the planner counts them) and the adapters in fp32 (PEFT upcasts them: they
+    are the optimizer's master weights). Elsewhere weights load in fp32: full fine-tuning's
+    master copy, FSDP's flat parameters (one dtype per unit; its mixed-precision policy casts
+    for compute), DeepSpeed (its bf16/fp16 mode casts the module itself), QLoRA (PEFT's k-bit
+    preparation upcasts the unquantized weights) and fp32 jobs.
+    """
+    if cfg.method == "lora" and cfg.strategy == "ddp" and cfg.precision in ("bf16", "fp16"):
+        return compute_dtype(cfg)
+    return torch.float32
+
+
 #: What a worker fetches of a hub model: weights (safetensors), config, tokenizer, template.
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.*"]
 
@@ -50,9 +65,7 @@ def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     """Returns the base model with the job's method applied; only trainable params need grads."""
     from transformers import AutoModelForCausalLM
 
-    # Weights stay fp32 (the optimizer's master copy); mixed precision is applied by autocast
-    # or by the strategy (FSDP's policy, DeepSpeed's bf16/fp16 mode).
-    kwargs: dict[str, Any] = {"dtype": torch.float32, "attn_implementation": cfg.attention}
+    kwargs: dict[str, Any] = {"dtype": base_weight_dtype(cfg), "attn_implementation": cfg.attention}
     if cfg.method == "qlora":
         kwargs["quantization_config"] = _quantization_config(cfg)
     model = AutoModelForCausalLM.from_pretrained(pretrained_path(cfg), **kwargs)

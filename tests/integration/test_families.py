@@ -230,3 +230,37 @@ def test_earlier_reasoning_dropped_by_the_template_is_not_trained():
     assert trained == label_mask(encoded["offset_mapping"], expected_spans("qwen3", text))
     trained_text = tokenizer.decode([t for t, keep in zip(ids, trained) if keep])
     assert "Paris is the capital." in trained_text and "Look outside." in trained_text
+
+
+@pytest.mark.parametrize("name", ["llama-3.1", "qwen2.5", "phi-3", "gemma-2", "gpt2"])
+def test_lora_model_state_is_what_the_planner_counts(name):
+    """LoRA under DDP in bf16: frozen base weights in bf16, adapters (and their gradients and
+    AdamW states) in fp32. Weights + gradients + optimizer states, in bytes, are the planner's
+    parameter, gradient and optimizer terms for the same model, exactly (2θ + 16φ)."""
+    import dataclasses
+
+    from eft.planner.architectures import architecture_from_config
+    from eft.planner.memory import GB, estimate_memory
+    from eft.planner.spec import Configuration, PlanSpec
+    from eft.service.model_support import inspect_model
+    from eft.training.config import LoraSpec, TrainConfig
+    from eft.training.model import load_trainable_model
+
+    path = MODELS / model_name(name)
+    cfg = TrainConfig(job_id="j", model_path=str(path), training_file="t", validation_file=None,
+                      method="lora", lora=LoraSpec(), total_steps=1, num_train_examples=1,
+                      precision="bf16", strategy="ddp", attention="eager")
+    model = load_trainable_model(cfg)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    assert {p.dtype for p in trainable} == {torch.float32} and {p.dtype for p in frozen} == {torch.bfloat16}
+    phi = sum(p.numel() for p in trainable)
+    allocated = sum(p.numel() * p.element_size() for p in model.parameters()) + 4 * phi + 8 * phi
+
+    support = inspect_model(str(path))
+    arch = dataclasses.replace(architecture_from_config(path), linears=support.linears,
+                               num_parameters=support.parameters)
+    estimate = estimate_memory(PlanSpec(arch, method="lora", lora_r=8), Configuration("ddp"))
+    assert arch.lora_parameters(8, "all-linear") == phi
+    planned = (estimate.parameters + estimate.gradients + estimate.optimizer) * GB
+    assert planned == pytest.approx(allocated, rel=1e-9)
