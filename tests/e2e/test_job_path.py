@@ -175,7 +175,8 @@ def test_data_that_cannot_train_fails_with_a_user_error(service):
         assert failed["status"] in ("validating",), failed
         assert time.monotonic() < deadline
         time.sleep(0.5)
-    assert failed["error"]["code"] == "user_error.invalid_data"
+    # The only record has no room for its answer: none is left to train on.
+    assert failed["error"]["code"] == "user_error.no_loss_tokens"
     assert failed["error"]["param"] == "training_file"
     assert "line 1" in failed["error"]["message"] and "max_seq_len" in failed["error"]["message"]
     assert failed["attempt"] == 0  # never dispatched
