@@ -127,11 +127,18 @@ def resolve_dataset(value: str, param: str, settings: Settings, problems: list[P
     """Resolve and fully scan one dataset (JSONL, Parquet, CSV file or `datasets` directory);
     every problem found is appended."""
     roots = settings.allowed_data_roots
-    if URI.match(value):
+    if value.startswith("hf://datasets/") and settings.allow_hub_models:
+        path, problem = hub.dataset_file(value, param, settings)
+        if problem is not None:
+            problems.append(problem)
+            return None
+    elif URI.match(value):
         problems.append(Problem(param, "unsupported_uri", "remote URIs are not enabled on this "
-                                "server: upload the file under an allowed data root"))
+                                "server: upload the file under an allowed data root"
+                                + ("" if settings.allow_hub_models else
+                                   " (hf://datasets/... needs EFT_ALLOW_HUB_MODELS=true)")))
         return None
-    if FILE_ID.match(value):
+    elif FILE_ID.match(value):
         path = uploaded_path(value, settings)
         path = path if path.exists() else None
     else:

@@ -84,3 +84,31 @@ def test_an_uncached_hub_model_offline_is_a_422_within_two_seconds(client):
     problem = r.json()["error"]["errors"][0]
     assert problem["param"] == "model" and problem["code"] == "hub_unreachable"
     assert "not in" in problem["message"] and "local model directory" in problem["message"]
+
+
+def test_hub_datasets_resolve_through_the_cache_at_a_pinned_commit(client, hub_cache):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    c, store, settings = client
+    snapshot = hub_cache / "datasets--acme--chat" / "snapshots" / COMMIT
+    (snapshot / "data").mkdir(parents=True)
+    rows = [{"messages": [{"role": "user", "content": f"What is {i} plus one?"},
+                          {"role": "assistant", "content": f"It is {i + 1}."}]} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), snapshot / "data" / "train-00000.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:2]), snapshot / "data" / "test-00000.parquet")
+    (hub_cache / "datasets--acme--chat" / "refs").mkdir()
+    (hub_cache / "datasets--acme--chat" / "refs" / "main").write_text(COMMIT)
+    r = c.post("/jobs", json={"model": "acme/tiny-qwen", "training_file": "hf://datasets/acme/chat",
+                              "validation_file": "hf://datasets/acme/chat/data/test-00000.parquet"})
+    assert r.status_code == 201, r.text
+    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
+              validate_job).validate_pending()
+    job = store.get_job(r.json()["id"])
+    assert job.status.value == "queued", job.error_message
+    assert COMMIT in job.config["training_file"] and job.config["num_train_examples"] == 5
+    queued = [e for e in store.list_events(job.id)[0] if e.type == "queued"][0]
+    assert queued.data["validation_examples"] == 2
+    missing = c.post("/jobs", json={"model": "acme/tiny-qwen", "training_file": "hf://datasets/acme/none"})
+    problem = missing.json()["error"]["errors"][0]
+    assert missing.status_code == 422 and problem["code"] == "hub_unreachable" and problem["param"] == "training_file"
