@@ -12,12 +12,27 @@ from eft.service.store import Store
 
 
 @pytest.fixture
-def client(eft_home):
-    """The service's app with its own store under a fresh EFT_HOME (no Ray is contacted)."""
+def service(eft_home):
+    """The service's app with its own store under a fresh EFT_HOME (no Ray is contacted), as
+    (client of tenant "default", store, settings)."""
     settings = get_settings()
     store = Store(settings.resolved_database_url)
     app = create_app(JobService(store, RayJobsLauncher(settings), settings))
     _, key = KeyStore(store.engine).create("default", "user", name="tests")
     with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
-        yield c
+        yield c, store, settings
     store.close()
+
+
+@pytest.fixture
+def client(service):
+    return service[0]
+
+
+def validate_pending(store, settings, validate=None) -> None:
+    """One validation pass of the real scheduler (dispatching paused: no Ray is contacted)."""
+    from eft.service.scheduler import Scheduler
+    from eft.service.validation import validate_job
+
+    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
+              validate or validate_job).validate_pending()

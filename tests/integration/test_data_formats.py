@@ -11,17 +11,9 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
-from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
-from eft.service.scheduler import Scheduler
-from eft.service.settings import get_settings
-from eft.service.store import Store
-from eft.service.validation import validate_job
 from eft.training.formats import normalize
+from tests.integration.conftest import validate_pending
 
 pytestmark = pytest.mark.integration
 N = 6
@@ -29,24 +21,12 @@ CHAT = [{"messages": [{"role": "user", "content": f"What is {i} plus one?"},
                       {"role": "assistant", "content": f"It is {i + 1}."}]} for i in range(N)]
 
 
-@pytest.fixture
-def service(eft_home):
-    settings = get_settings()
-    store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
-    _, key = KeyStore(store.engine).create("default", "user", name="tests")
-    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
-        yield c, store, settings
-    store.close()
-
-
 def _validate(service, body) -> dict:
     """POST the job, run one validation pass; returns the `queued` event's stats."""
     c, store, settings = service
     r = c.post("/jobs", json={"model": "tiny-qwen2.5", **body})
     assert r.status_code == 201, r.text
-    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
-              validate_job).validate_pending()
+    validate_pending(store, settings)
     job = store.get_job(r.json()["id"])
     assert job.status.value == "queued", job.error_message
     return [e for e in store.list_events(job.id)[0] if e.type == "queued"][0].data

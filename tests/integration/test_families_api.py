@@ -18,6 +18,7 @@ from eft.service.scheduler import Scheduler
 from eft.service.settings import get_settings
 from eft.service.store import Store
 from eft.service.validation import TEMPLATE_SAMPLE, validate_job
+from tests.integration.conftest import validate_pending
 
 pytestmark = pytest.mark.integration
 
@@ -127,8 +128,7 @@ def test_records_without_room_for_the_answer_are_left_out_and_counted(service, e
     body = {"model": "tiny-qwen3", "hyperparameters": {"max_seq_len": 64}}
     ok = clients["acme"].post("/jobs", json={**body, "training_file": some}).json()["id"]
     refused = clients["acme"].post("/jobs", json={**body, "training_file": most}).json()["id"]
-    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
-              validate_job).validate_pending()
+    validate_pending(store, settings)
     job = store.get_job(ok)
     assert job.status.value == "queued" and job.config["num_train_examples"] == 29
     validated = [e for e in store.list_events(ok)[0] if e.type == "queued"][0]
@@ -188,8 +188,7 @@ def test_lora_targets_are_the_models_own_module_names(service, chat_file, eft_ho
     # A preset resolves to the model's names when the job is validated.
     job = _plan(clients, {"model": "tiny-phi-3", "training_file": chat_file,
                           "method": {"type": "lora", "target_modules": "attention"}})
-    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
-              validate_job).validate_pending()
+    validate_pending(store, settings)
     assert sorted(store.get_job(job["id"]).config["lora"]["target_modules"]) == ["o_proj", "qkv_proj"]
 
 

@@ -10,16 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
-from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
-from eft.service.scheduler import Scheduler
 from eft.service.settings import get_settings
-from eft.service.store import Store
-from eft.service.validation import validate_job
+from tests.integration.conftest import validate_pending
 
 pytestmark = pytest.mark.integration
 MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
@@ -37,21 +30,19 @@ def hub_cache(tmp_path):
 
 
 @pytest.fixture
-def client(eft_home, hub_cache, monkeypatch):
+def hub_settings(eft_home, hub_cache, monkeypatch):
     monkeypatch.setenv("EFT_ALLOW_HUB_MODELS", "true")
     monkeypatch.setenv("EFT_HUB_OFFLINE", "true")
     monkeypatch.setenv("EFT_HUB_CACHE_DIR", str(hub_cache))
     get_settings.cache_clear()
-    settings = get_settings()
-    store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
-    _, key = KeyStore(store.engine).create("default", "user", name="tests")
+
+
+@pytest.fixture
+def client(hub_settings, service, eft_home):
     (eft_home / "data" / "chat.jsonl").write_text("".join(json.dumps({"messages": [
         {"role": "user", "content": f"What is {i} plus one?"},
         {"role": "assistant", "content": f"It is {i + 1}."}]}) + "\n" for i in range(6)))
-    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
-        yield c, store, settings
-    store.close()
+    return service
 
 
 def test_a_cached_hub_model_is_pinned_planned_and_loadable(client):
@@ -60,8 +51,7 @@ def test_a_cached_hub_model_is_pinned_planned_and_loadable(client):
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     assert store.get_job(job_id).plan["attention"] == "sdpa"
-    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
-              validate_job).validate_pending()
+    validate_pending(store, settings)
     job = store.get_job(job_id)
     assert job.status.value == "queued", job.error_message
     hub = job.config["hub"]
@@ -102,8 +92,7 @@ def test_hub_datasets_resolve_through_the_cache_at_a_pinned_commit(client, hub_c
     r = c.post("/jobs", json={"model": "acme/tiny-qwen", "training_file": "hf://datasets/acme/chat",
                               "validation_file": "hf://datasets/acme/chat/data/test-00000.parquet"})
     assert r.status_code == 201, r.text
-    Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
-              validate_job).validate_pending()
+    validate_pending(store, settings)
     job = store.get_job(r.json()["id"])
     assert job.status.value == "queued", job.error_message
     assert COMMIT in job.config["training_file"] and job.config["num_train_examples"] == 5
