@@ -105,7 +105,7 @@ def _overlap(found: _Collector, seen: dict[str, int], other: Path, other_name: s
 def _token_stats(found: _Collector, good: list[tuple[int, Any]], tokenizer: Any,
                  max_seq_len: int) -> tuple[TokenStats, list[LossToken]]:
     from eft.training.chat import TemplateError
-    from eft.training.data import IGNORE_INDEX, tokenize_record
+    from eft.training.data import IGNORE_INDEX, Example, tokenize_record
 
     lengths, loss_total, example = [], 0, None
     for lineno, record in good:
@@ -114,7 +114,7 @@ def _token_stats(found: _Collector, good: list[tuple[int, Any]], tokenizer: Any,
         except TemplateError as exc:
             found.error(lineno, exc.field, str(exc), f"chat_{exc.rule}")
             continue
-        cut = tokenize_record(tokenizer, record, max_seq_len)
+        cut = Example(full.input_ids[:max_seq_len], full.labels[:max_seq_len])  # as a job truncates
         lengths.append(len(full.input_ids))
         loss_total += cut.loss_tokens
         if cut.loss_tokens == 0:

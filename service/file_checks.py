@@ -10,7 +10,7 @@ from eft.service.dataset_check import check_dataset
 from eft.service.errors import Problem, RequestInvalid
 from eft.service.files import FILE_ID, FileNotFound, FileRecord, FileStore
 from eft.service.settings import Settings
-from eft.service.validation import request_tokenizer, resolve_model
+from eft.service.validation import request_tokenizer, resolve_model, tokenizer_problem
 
 
 def check_job_files(body: Any, tenant: str | None, files: FileStore) -> None:
@@ -49,13 +49,9 @@ def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, 
     if model_path is None:
         return check_dataset(Path(record.path), record.filename, max_problems=settings.max_validation_errors,
                              max_seq_len=req.max_seq_len, other=other, other_name=other_name)
-    try:
-        with request_tokenizer(model_path):
-            pass
-    except Exception as exc:  # noqa: BLE001 - a model whose tokenizer cannot load is the request's problem
-        raise RequestInvalid(problems=[Problem("model", "tokenizer_unavailable",
-                                               f"cannot load the model's tokenizer ({type(exc).__name__}): "
-                                               "a model directory needs its tokenizer files")]) from None
+    unavailable = tokenizer_problem(model_path)
+    if unavailable is not None:
+        raise RequestInvalid(problems=[unavailable])
     with request_tokenizer(model_path) as tokenizer:
         return check_dataset(Path(record.path), record.filename,
                              max_problems=settings.max_validation_errors, tokenizer=tokenizer,

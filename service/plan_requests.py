@@ -11,6 +11,7 @@ allowed model roots (`Settings.allowed_model_roots`), never to an arbitrary path
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from eft.types.jobs import JobCreate
 from eft.types.plans import Cluster
@@ -44,14 +45,15 @@ SUGGESTION_PARAMS = {
 }
 
 
-def resolve_architecture(model: str, settings: Settings) -> Architecture:
+def resolve_architecture(model: str, settings: Settings, path: Path | None = None) -> Architecture:
     """The architecture `model` names: a registered name, or a model directory (or its
-    config.json) under an allowed model root. Raises RequestInvalid (param "model")."""
-    known = known_architecture(model)
+    config.json) under an allowed model root, or a hub id's snapshot; `path` when the caller
+    has resolved the model already. Raises RequestInvalid (param "model")."""
+    known = known_architecture(model) if path is None else None
     if known is not None:
         return known
     roots = settings.allowed_model_roots
-    path = resolve_under_roots(model, roots)
+    path = path or resolve_under_roots(model, roots)
     if path is None and settings.allow_hub_models and HUB_ID.match(model):
         path, problem = hub.snapshot(model, settings)
         if problem is not None:
@@ -75,10 +77,12 @@ def resolve_architecture(model: str, settings: Settings) -> Architecture:
     )])
 
 
-def spec_for_request(request: JobCreate, cluster: Cluster, settings: Settings) -> PlanSpec:
-    """The planning question a job request asks on `cluster`. A forced strategy is the only one
-    considered; "auto" considers all. Raises RequestInvalid naming the request field at fault."""
-    arch = resolve_architecture(request.model, settings)
+def spec_for_request(request: JobCreate, cluster: Cluster, settings: Settings,
+                     model_path: str | None = None) -> PlanSpec:
+    """The planning question a job request asks on `cluster` (of the model at `model_path` when
+    the caller resolved it). A forced strategy is the only one considered; "auto" considers all.
+    Raises RequestInvalid naming the request field at fault."""
+    arch = resolve_architecture(request.model, settings, Path(model_path) if model_path else None)
     try:
         return PlanSpec.from_request(request, cluster, arch)
     except PlannerError as exc:

@@ -228,18 +228,25 @@ def _request_tokenizer(model_path: str, _signature: tuple[tuple[str, int, int], 
     return AutoTokenizer.from_pretrained(model_path)
 
 
+def tokenizer_problem(model_path: str) -> Problem | None:
+    """Why the model's tokenizer cannot load (then loaded and cached for `request_tokenizer`)."""
+    try:
+        _request_tokenizer(model_path, _tokenizer_signature(model_path))
+    except Exception as exc:  # noqa: BLE001 - any reason a tokenizer cannot load is the model's
+        return Problem("model", "tokenizer_unavailable",
+                       f"cannot load the model's tokenizer ({type(exc).__name__}: {str(exc)[:300]}): "
+                       "a model directory needs its tokenizer files (tokenizer.json, "
+                       "tokenizer_config.json) to train on chat records")
+    return None
+
+
 def check_chat_template(model_path: str, path: Path, param: str, req: JobCreate) -> list[Problem]:
     """The first chat records of a file rendered and masked with the model's own template."""
     from eft.training.chat import TemplateError, tokenize_chat
 
-    try:
-        with request_tokenizer(model_path):
-            pass
-    except Exception as exc:  # noqa: BLE001 - any reason a tokenizer cannot load is the model's
-        return [Problem("model", "tokenizer_unavailable",
-                        f"cannot load the model's tokenizer ({type(exc).__name__}: {str(exc)[:300]}): "
-                        "a model directory needs its tokenizer files (tokenizer.json, "
-                        "tokenizer_config.json) to train on chat records")]
+    unavailable = tokenizer_problem(model_path)
+    if unavailable is not None:
+        return [unavailable]
     with request_tokenizer(model_path) as tokenizer:
         for lineno, record, error in itertools.islice(iter_records(path, columns=req.data.columns), TEMPLATE_SAMPLE):
             if error or not isinstance(record, dict) or "messages" not in record:
@@ -293,7 +300,7 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
     if problems:
         raise RequestInvalid(problems=problems)
     assert model_path is not None and train is not None
-    choice = choice or choose_configuration(req, settings, support)
+    choice = choice or choose_configuration(req, settings, support, model_path)
     for param, path in (("training_file", train), ("validation_file", valid)):
         if path is not None and "chat" in scan_cached(path, settings.max_validation_errors, columns).formats:
             problems += check_chat_template(model_path, path, param, req)
@@ -350,7 +357,8 @@ def _cluster_for(req: JobCreate, settings: Settings) -> Cluster:
     return Cluster(gpus=workers, gpu_memory_gb=settings.cpu_worker_memory_gb or total_gb * 0.8 / workers)
 
 
-def choose_configuration(req: JobCreate, settings: Settings, support: ModelSupport | None = None) -> Choice:
+def choose_configuration(req: JobCreate, settings: Settings, support: ModelSupport | None = None,
+                         model_path: str | None = None) -> Choice:
     """Plan the job: the request's forced options stay, the planner picks the rest (the fastest
     configuration predicted to fit). Raises RequestInvalid (does_not_fit) naming the nearest
     configuration that would fit."""
@@ -358,7 +366,7 @@ def choose_configuration(req: JobCreate, settings: Settings, support: ModelSuppo
     from eft.service.plan_requests import refuse_unless_fits, spec_for_request
 
     opt, gpu = req.optimizations, req.scaling.use_gpu
-    spec = spec_for_request(req, _cluster_for(req, settings), settings)
+    spec = spec_for_request(req, _cluster_for(req, settings), settings, model_path)
     narrowed: dict[str, Any] = {}
     if req.method.type == "qlora" or (opt.precision == "fp16" and not gpu):
         # 4-bit weights, and fp16 on CPU (GradScaler), run under DDP only.

@@ -101,9 +101,12 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None,
         return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                              add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # noqa: BLE001 - jinja's TemplateError, raise_exception(), bad input
-        reason = str(exc).strip() or type(exc).__name__
-        raise TemplateError(field, f"the model's chat template refuses it ({reason}): "
-                            f"{_fix_hint(reason, messages)}") from None
+        raise _refusal(exc, field, messages) from None
+
+
+def _refusal(exc: Exception, field: str, messages: Sequence[dict[str, Any]]) -> TemplateError:
+    reason = str(exc).strip() or type(exc).__name__
+    return TemplateError(field, f"the model's chat template refuses it ({reason}): {_fix_hint(reason, messages)}")
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -177,7 +180,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], tools: Any =
             continue
         field = f"messages[{i}]"
         prompt = render(tokenizer, messages[:i], tools, add_generation_prompt=True, field=field) if i else ""
-        through = render(tokenizer, messages[: i + 1], tools, field=field)
+        through = full if i == len(messages) - 1 else render(tokenizer, messages[: i + 1], tools, field=field)
         if full.startswith(through) and through.startswith(prompt):
             span = Span(len(prompt), len(prompt) + _turn_end(through[len(prompt):], message), i)
         else:
@@ -254,9 +257,7 @@ def tokenize_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any
             out = tokenizer.apply_chat_template(prepared, tools=tools, tokenize=True, return_dict=True,
                                                 return_assistant_tokens_mask=True)
         except Exception as exc:  # noqa: BLE001 - as in render()
-            reason = str(exc).strip() or type(exc).__name__
-            raise TemplateError("messages", f"the model's chat template refuses it ({reason}): "
-                                f"{_fix_hint(reason, messages)}") from None
+            raise _refusal(exc, "messages", messages) from None
         return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
     if not getattr(tokenizer, "is_fast", False):
         raise TemplateError("model", "assistant-only training needs a fast (Rust) tokenizer with "

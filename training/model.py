@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -55,10 +56,17 @@ def pretrained_path(cfg: TrainConfig) -> str:
     pinned revision into the Hugging Face cache (once per node: later calls find it there)."""
     if not cfg.hub:
         return cfg.model_path
+    hub = cfg.hub
+    return _hub_snapshot(hub["repo_id"], hub["revision"], hub.get("cache_dir"), bool(hub.get("local_files_only")))
+
+
+@functools.lru_cache(maxsize=4)
+def _hub_snapshot(repo_id: str, revision: str, cache_dir: str | None, local_files_only: bool) -> str:
+    """One fetch per process for the tokenizer and the model alike."""
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(cfg.hub["repo_id"], revision=cfg.hub["revision"], cache_dir=cfg.hub.get("cache_dir"),
-                             local_files_only=bool(cfg.hub.get("local_files_only")), allow_patterns=HUB_FILES)
+    return snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
+                             local_files_only=local_files_only, allow_patterns=HUB_FILES)
 
 
 def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
