@@ -367,7 +367,8 @@ def choose_configuration(req: JobCreate, settings: Settings, support: ModelSuppo
 
     opt, gpu = req.optimizations, req.scaling.use_gpu
     spec = spec_for_request(req, _cluster_for(req, settings), settings, model_path)
-    narrowed: dict[str, Any] = {}
+    precision = opt.precision if opt.precision != "auto" else ("bf16" if gpu else "fp32")
+    narrowed: dict[str, Any] = {"precision": precision, "device": "cuda" if gpu else "cpu"}
     if req.method.type == "qlora" or (opt.precision == "fp16" and not gpu):
         # 4-bit weights, and fp16 on CPU (GradScaler), run under DDP only.
         narrowed["strategies"] = tuple(s for s in spec.strategies if s in QLORA_STRATEGIES)
@@ -386,7 +387,6 @@ def choose_configuration(req: JobCreate, settings: Settings, support: ModelSuppo
     refuse_unless_fits(result)
     chosen = result.chosen
     assert chosen is not None
-    precision = opt.precision if opt.precision != "auto" else ("bf16" if gpu else "fp32")
     return Choice(
         strategy=chosen.config.strategy, offload=chosen.config.offload,
         gradient_checkpointing=chosen.config.gradient_checkpointing,

@@ -148,6 +148,23 @@ class Architecture:
         gathers at once, and what QLoRA dequantizes at once."""
         return max(max(m.parameters for m in self.layer_linears()), self.vocab_size * self.hidden_size)
 
+    def adapted_linears(self, targets: str | tuple[str, ...]) -> tuple[Linear, ...]:
+        """The linears of one layer that LoRA adapts for `targets` (see `lora_parameters`).
+        Raises PlannerError for a name this architecture does not have."""
+        modules = self.layer_linears()
+        if targets in LORA_PRESETS:
+            kinds = ("attention",) if targets == "attention" else ("attention", "mlp")
+            return tuple(m for m in modules if m.kind in kinds)
+        if targets == "all-linear":
+            return modules
+        known = {m.name for m in modules}
+        unknown = sorted(set(targets) - known)
+        if unknown:
+            names = ", ".join(dict.fromkeys(m.name for m in modules))
+            raise PlannerError(f"{self.name} has no module {', '.join(unknown)}: use all-linear, "
+                               f"attention, attention+mlp, or some of {names}", "lora_targets")
+        return tuple(m for m in modules if m.name in targets)
+
     def lora_parameters(self, r: int, targets: str | tuple[str, ...]) -> int:
         """Trainable LoRA parameters: r * (in + out) per adapted linear, over every layer.
 
@@ -156,19 +173,8 @@ class Architecture:
         MLP's), or module names such as ("q_proj", "v_proj"). Raises PlannerError for a name
         this architecture does not have.
         """
-        modules = self.layer_linears()
-        if targets in LORA_PRESETS:
-            kinds = ("attention",) if targets == "attention" else ("attention", "mlp")
-            modules = tuple(m for m in modules if m.kind in kinds)
-        elif targets != "all-linear":
-            known = {m.name for m in modules}
-            unknown = sorted(set(targets) - known)
-            if unknown:
-                names = ", ".join(dict.fromkeys(m.name for m in modules))
-                raise PlannerError(f"{self.name} has no module {', '.join(unknown)}: use all-linear, "
-                                   f"attention, attention+mlp, or some of {names}", "lora_targets")
-            modules = tuple(m for m in modules if m.name in targets)
-        return self.num_layers * sum(r * (m.in_features + m.out_features) for m in modules)
+        return self.num_layers * sum(r * (m.in_features + m.out_features)
+                                     for m in self.adapted_linears(targets))
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "parameters": self.parameters, "hidden_size": self.hidden_size,

@@ -16,6 +16,8 @@ STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 METHODS = ("full", "lora", "qlora")
+PRECISIONS = ("bf16", "fp16", "fp32")
+DEVICES = ("cuda", "cpu")
 
 #: Offloads each strategy can do. DDP has none; DeepSpeed offloads optimizer states at any stage
 #: (ZeRO-Offload) and parameters only at stage 3 (ZeRO-Infinity); FSDP's CPUOffload moves
@@ -73,8 +75,10 @@ class Overheads:
 
     cuda_context_gb: float = 0.5
     """CUDA context, cuBLAS and NCCL workspaces, GB (10^9 bytes) per GPU."""
-    logits_bytes: float = 8.0
-    """Bytes per (token, vocabulary entry) for the loss: fp32 logits and their gradient."""
+    logits_bytes: float = 12.0
+    """Bytes per (token, vocabulary entry) for the loss at its peak: the logits, their fp32 copy
+    and log-softmax in the forward, the log-softmax with its gradient and the logits' gradient in
+    backward (12 in both precisions)."""
     zero_bucket_elements: float = 5e8
     """DeepSpeed ZeRO-1/2 reduce and all-gather bucket size (its default), 16-bit elements."""
     zero3_prefetch_elements: float = 5e7
@@ -110,6 +114,15 @@ class PlanSpec:
     offloads: tuple[str, ...] = OFFLOADS
     """CPU offloads to consider, e.g. ("none",) where host memory is short."""
     gradient_checkpointing: tuple[bool, ...] = (False, True)
+    precision: str = "bf16"
+    """Compute precision: bf16 or fp16 (mixed precision), or fp32 (every CPU job)."""
+    device: str = "cuda"
+    """cuda, or cpu for CPU workers (no CUDA context; dropout keeps a full-size noise tensor)."""
+    lora_dropout: float = 0.05
+    """LoRA dropout: above 0 every adapted linear keeps its own dropout mask and output."""
+    gradient_accumulation: bool = True
+    """Whether micro-batches accumulate gradients (the gradients then live through the forward);
+    False when every step is one micro-batch per worker."""
     overheads: Overheads = field(default_factory=Overheads)
 
     def __post_init__(self) -> None:
@@ -130,6 +143,12 @@ class PlanSpec:
                              f"{', '.join(OFFLOADS)}"))
         if not self.attentions or any(a not in ATTENTIONS for a in self.attentions):
             problems.append(("attentions", f"attentions must be some of {', '.join(ATTENTIONS)}"))
+        if self.precision not in PRECISIONS:
+            problems.append(("precision", f"precision must be one of {', '.join(PRECISIONS)}"))
+        if self.device not in DEVICES:
+            problems.append(("device", f"device must be one of {', '.join(DEVICES)}"))
+        if not 0 <= self.lora_dropout < 1:
+            problems.append(("lora_dropout", f"lora_dropout must be in [0, 1), got {self.lora_dropout}"))
         if problems:
             # Report the first; each message names its field.
             param, message = problems[0]
@@ -146,13 +165,18 @@ class PlanSpec:
         lora: dict[str, Any] = {}
         if method.type != "full":
             targets = method.target_modules
-            lora = {"lora_r": method.r,
+            lora = {"lora_r": method.r, "lora_dropout": method.dropout,
                     "lora_targets": targets if isinstance(targets, str) else tuple(targets)}
         if method.type == "qlora":
             lora["double_quant"] = method.double_quant
         strategies = STRATEGIES if request.strategy == "auto" else (request.strategy,)
+        precision = request.optimizations.precision
+        # the fewest workers the job may run with accumulate the most
+        fewest = min(cluster.gpus, request.scaling.min_workers)
         return cls(architecture, method=method.type, seq_len=hp.max_seq_len,
                    micro_batch=hp.micro_batch_size, gpus=cluster.gpus,
+                   precision="bf16" if precision == "auto" else precision,
+                   gradient_accumulation=hp.global_batch_size > hp.micro_batch_size * fewest,
                    gpu_memory_gb=cluster.gpu_memory_gb, gpu_type=cluster.gpu_type,
                    strategies=strategies, **lora)
 

@@ -105,11 +105,11 @@ def test_lora_flags_and_qlora():
 
 def test_nothing_fits_exits_1_with_suggestions():
     body = plan_json("plan", "--model", "falcon-180b", "--gpus", "16", "--gpu-memory", "32",
-                     "--seq-len", "4096", "--gpu-type", "V100", exit_code=1)
+                     "--seq-len", "16384", "--gpu-type", "V100", exit_code=1)
     assert body["chosen"] is None
     assert body["suggestions"][0]["change"] == "seq_len"
     result = invoke("plan", "--model", "falcon-180b", "--gpus", "16", "--gpu-memory", "32",
-                    "--seq-len", "4096", "--gpu-type", "V100")
+                    "--seq-len", "16384", "--gpu-type", "V100")
     assert result.exit_code == 1 and "nothing fits" in result.stdout
     assert "sequences of" in result.stdout
 
