@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eft.planner.architectures import Linear
+from eft.planner.architectures import LORA_PRESETS, Linear
 from eft.service.errors import Problem, RequestInvalid
 from eft.training.packing import packing_is_exact
 
@@ -38,6 +39,9 @@ class ModelSupport:
     attentions: tuple[str, ...]
     packing: bool
     tied_embeddings: bool
+    language_model: str | None = None
+    """Module path of the text model inside a multimodal checkpoint (e.g.
+    "model.language_model"); None for a text-only model."""
 
     @property
     def target_names(self) -> tuple[str, ...]:
@@ -47,6 +51,18 @@ class ModelSupport:
         """Module names a LoRA preset stands for: "attention" or "attention+mlp"."""
         kinds = ("attention",) if preset == "attention" else ("attention", "mlp")
         return tuple(dict.fromkeys(m.name for m in self.linears if m.kind in kinds))
+
+    def lora_targets(self, target: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        """What PEFT is given for a request's `target_modules`: presets become the model's own
+        names; in a multimodal checkpoint every choice becomes a pattern inside the text model,
+        so neither the vision tower nor the projector is adapted."""
+        if target in LORA_PRESETS:
+            target = self.targets_for(target)
+        if self.language_model is None:
+            return target
+        names = self.target_names if target == "all-linear" else tuple(target)
+        alternatives = "|".join(re.escape(n) for n in names)
+        return rf"{re.escape(self.language_model)}\..*\.(?:{alternatives})"
 
 
 def _refuse(code: str, message: str) -> RequestInvalid:
@@ -126,7 +142,11 @@ def _inspect(model_path: str, _signature: tuple[int, int]) -> ModelSupport:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layer = _decoder_layer(model, text.num_hidden_layers)
+    root, language_model = model, None
+    if text is not config:  # multimodal: the decoder layers are the text model's
+        root = model.get_decoder()
+        language_model = next(name for name, module in model.named_modules() if module is root)
+    layer = _decoder_layer(root, text.num_hidden_layers)
     attentions = ["eager"]
     if getattr(model_class, "_supports_sdpa", False):
         attentions.append("sdpa")
@@ -138,4 +158,5 @@ def _inspect(model_path: str, _signature: tuple[int, int]) -> ModelSupport:
         model_type=config.model_type, architecture=class_name, linears=_layer_linears(layer),
         parameters=sum(unique.values()), attentions=tuple(attentions),
         packing=packing_is_exact(getattr(text, "model_type", config.model_type)), tied_embeddings=tied,
+        language_model=language_model,
     )

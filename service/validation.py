@@ -421,8 +421,7 @@ def build_train_config(
     lora = None
     if isinstance(method, LoraMethod):
         target = method.target_modules if isinstance(method.target_modules, str) else tuple(method.target_modules)
-        if target in LORA_PRESETS:
-            target = inspect_model(inputs.model_path).targets_for(target)
+        target = inspect_model(inputs.model_path).lora_targets(target)
         lora = LoraSpec(
             r=method.r, alpha=method.alpha, dropout=method.dropout, target_modules=target,
             quant_type=getattr(method, "quant_type", None),

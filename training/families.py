@@ -97,7 +97,8 @@ def build_config(spec: dict[str, Any], tokenizer):
 
     values = dict(TINY)
     values.update({k: v for k, v in spec.get("config", {}).items()})
-    if "head_dim" in spec.get("config", {}) or spec["model_type"] in ("gemma2", "gemma3_text", "qwen3"):
+    if "head_dim" in spec.get("config", {}) or spec.get("text_model_type", spec["model_type"]) in (
+            "gemma2", "gemma3_text", "qwen3"):
         values["head_dim"] = HEAD_DIM
     if spec["model_type"] == "opt":
         values.update(ffn_dim=values.pop("intermediate_size"), word_embed_proj_dim=values["hidden_size"])
@@ -110,6 +111,14 @@ def build_config(spec: dict[str, Any], tokenizer):
     values["tie_word_embeddings"] = spec["tie_word_embeddings"]
     for k in ("bos", "eos", "pad"):
         values[f"{k}_token_id"] = getattr(tokenizer, f"{k}_token_id")
+    if spec.get("text_model_type"):  # a multimodal checkpoint: the text values nest in text_config
+        values.pop("tie_word_embeddings")
+        text = AutoConfig.for_model(spec["text_model_type"], **values).to_dict()
+        vision = dict(spec["vision_config"])
+        images = {k: tokenizer.convert_tokens_to_ids(t) for k, t in spec.get("image_tokens", {}).items()}
+        return AutoConfig.for_model(
+            spec["model_type"], text_config=text, vision_config=vision, architectures=[spec["architecture"]],
+            tie_word_embeddings=spec["tie_word_embeddings"], **spec.get("multimodal_config", {}), **images)
     values["architectures"] = [spec["architecture"]]
     return AutoConfig.for_model(spec["model_type"], **values)
 

@@ -1095,3 +1095,27 @@ You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
         ),
     },
 }
+
+#: Gemma 3 4B and larger: the same text model, tokenizer and chat template inside a multimodal
+#: checkpoint (`Gemma3ForConditionalGeneration`, model_type "gemma3"), whose text values sit in
+#: `text_config` beside a SigLIP `vision_config`. Training reads the text model only: LoRA
+#: targets stay in the language model, never the vision tower or the projector.
+FAMILIES["gemma-3-mm"] = {
+    **FAMILIES["gemma-3"],
+    "hub_id": "google/gemma-3-4b-it",
+    "architecture": "Gemma3ForConditionalGeneration",
+    "model_type": "gemma3",
+    "text_model_type": "gemma3_text",
+    # The vision tower at a toy size; the real one is SigLIP so400m (hidden 1152, 27 layers,
+    # 896-pixel images in 14-pixel patches, pooled to 256 tokens per image).
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+                      "patch_size": 14, "vision_use_head": False},
+    "multimodal_config": {"mm_tokens_per_image": 4},
+    "image_tokens": {"boi_token_index": "<start_of_image>", "eoi_token_index": "<end_of_image>",
+                     "image_token_index": "<image_soft_token>"},
+    "notes": (
+        "Gemma 3 4B-it layout: the text model of gemma-3 (same tokenizer and chat template) nested in "
+        "text_config, a SigLIP vision_config, image token ids in the top-level config."
+    ),
+}

@@ -88,7 +88,8 @@ class MemoryEstimate:
     """Whether the gradients live while the forward's activations do (gradient accumulation);
     without it the peak holds the larger of the two."""
     update_temporaries: float = 0.0
-    """What the optimizer step allocates beside the gradients (the foreach kernels' lists)."""
+    """What lives beside the complete gradients: the first layer's activations or the optimizer
+    step's temporaries."""
 
     @property
     def model_states(self) -> float:
@@ -272,12 +273,15 @@ def overhead_bytes(spec: PlanSpec, config: Configuration) -> float:
 
 
 def update_temporary_bytes(spec: PlanSpec, config: Configuration) -> float:
-    """The optimizer step's temporaries: torch's foreach AdamW (CUDA) holds one fp32 list the
-    size of the trainable parameters; the CPU's per-tensor loop holds one tensor at a time."""
+    """What lives beside the complete gradients: the first layer's activations, the last that
+    backward frees, or afterwards the optimizer step's temporaries (torch's foreach AdamW on CUDA
+    holds an fp32 list the size of the trainable parameters; the CPU's per-tensor loop one tensor
+    at a time), whichever is larger."""
+    layer = layer_activation_bytes(spec, config.attention)
     if spec.device != "cuda" or config.strategy.startswith("zero") or config.offload != "none":
-        return 0.0
+        return layer
     shard = spec.gpus if config.strategy == "fsdp" else 1
-    return FP32 * spec.trainable_parameters / shard
+    return max(layer, FP32 * spec.trainable_parameters / shard)
 
 
 def estimate_memory(spec: PlanSpec, config: Configuration) -> MemoryEstimate:

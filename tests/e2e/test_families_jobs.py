@@ -1,6 +1,7 @@
 """Every family of the conformance kit fine-tuned through the running service: chat families on
 chat records under their own templates, base families on text; each adapter then loads with
-plain PEFT in a fresh process and changes the base model's output. Plus full fine-tuning under
+plain PEFT in a fresh process and changes the base model's output (a multimodal checkpoint's
+adapter covers its text model only). Plus full fine-tuning under
 FSDP of a tied-embedding model, whose checkpoint must save and restore the shared weight."""
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ for base_dir, adapter_dir in json.loads(sys.argv[1]):
         before = base(input_ids=ids).logits
         tuned = PeftModel.from_pretrained(base, adapter_dir)
         after = tuned(input_ids=ids).logits
-    out[adapter_dir] = [type(tuned).__name__, float((after - before).abs().max())]
+    adapted = sorted({n.rsplit(".lora_A", 1)[0] for n, _ in tuned.named_modules() if ".lora_A" in n})
+    out[adapter_dir] = [type(tuned).__name__, float((after - before).abs().max()), adapted]
 print(json.dumps(out))
 """
 
@@ -69,6 +71,11 @@ def test_every_family_trains_through_the_service_and_its_adapter_loads(service):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    for _, adapter in pairs:
-        kind, moved = loaded[adapter]
-        assert kind == "PeftModelForCausalLM" and moved > 0, (adapter, kind, moved)
+    for family, job in done.items():
+        kind, moved, adapted = loaded[job["artifact_path"]]
+        assert kind == "PeftModelForCausalLM" and moved > 0, (family, kind, moved)
+        assert adapted, family
+        # a multimodal checkpoint trains its text model only: no vision tower, no projector
+        assert all(".language_model." in n for n in adapted) or "text_config" not in json.loads(
+            (MODELS / model_name(family) / "config.json").read_text()), (family, adapted[:3])
+        assert not any("vision" in n or "projector" in n for n in adapted), (family, adapted[:3])

@@ -37,12 +37,13 @@ TURNS = {
     "phi-3": ("<|assistant|>\n", "<|end|>"),
     "gemma-2": ("<start_of_turn>model\n", "<end_of_turn>"),
     "gemma-3": ("<start_of_turn>model\n", "<end_of_turn>"),
+    "gemma-3-mm": ("<start_of_turn>model\n", "<end_of_turn>"),
     "mistral": ("[/INST]", "</s>"),
     "mistral-v0.1": ("[/INST]", "</s>"),
 }
 CHAT_FAMILIES = [f for f in sorted(FAMILIES) if FAMILIES[f].get("chat_template")]
 NO_SYSTEM_ROLE = {"gemma-2", "mistral-v0.1"}
-STRICT_ALTERNATION = {"mistral", "mistral-v0.1", "gemma-2", "gemma-3"}
+STRICT_ALTERNATION = {"mistral", "mistral-v0.1", "gemma-2", "gemma-3", "gemma-3-mm"}
 
 CONVERSATION = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -169,7 +170,7 @@ def test_packing_is_exact_or_refused(family):
     model.eval()
     config = model.config
     gen = torch.Generator().manual_seed(0)
-    vocab = min(config.vocab_size, 500)
+    vocab = min(config.get_text_config().vocab_size, 500)
     examples = [Example(ids, ids) for ids in
                 (torch.randint(5, vocab, (n,), generator=gen).tolist() for n in (7, 5, 9))]
     alone = [_logits(model, {"input_ids": torch.tensor([e.input_ids])})[0] for e in examples]
@@ -181,7 +182,7 @@ def test_packing_is_exact_or_refused(family):
         torch.allclose(packed[s : s + len(e.input_ids)], a, atol=1e-4)
         for s, e, a in zip(starts, examples, alone)
     ) and torch.allclose(packed[12:21], packed_changed[12:21], atol=1e-4)
-    assert exact == packing_is_exact(config.model_type), (
+    assert exact == packing_is_exact(config.get_text_config().model_type), (
         f"{name} ({config.model_type}): packing is {'exact' if exact else 'NOT exact'}; "
         "the service's list of exactly packed architectures must say so")
 
@@ -232,7 +233,7 @@ def test_earlier_reasoning_dropped_by_the_template_is_not_trained():
     assert "Paris is the capital." in trained_text and "Look outside." in trained_text
 
 
-@pytest.mark.parametrize("name", ["llama-3.1", "qwen2.5", "phi-3", "gemma-2", "gpt2"])
+@pytest.mark.parametrize("name", ["llama-3.1", "qwen2.5", "phi-3", "gemma-2", "gpt2", "gemma-3-mm"])
 def test_lora_model_state_is_what_the_planner_counts(name):
     """LoRA under DDP in bf16: frozen base weights in bf16, adapters (and their gradients and
     AdamW states) in fp32. Weights + gradients + optimizer states, in bytes, are the planner's
@@ -248,8 +249,10 @@ def test_lora_model_state_is_what_the_planner_counts(name):
     from eft.training.model import load_trainable_model
 
     path = MODELS / model_name(name)
+    support = inspect_model(str(path))
+    targets = support.lora_targets("all-linear")  # a multimodal checkpoint: its text model only
     cfg = TrainConfig(job_id="j", model_path=str(path), training_file="t", validation_file=None,
-                      method="lora", lora=LoraSpec(), total_steps=1, num_train_examples=1,
+                      method="lora", lora=LoraSpec(target_modules=targets), total_steps=1, num_train_examples=1,
                       precision="bf16", strategy="ddp", attention="eager")
     model = load_trainable_model(cfg)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -259,7 +262,6 @@ def test_lora_model_state_is_what_the_planner_counts(name):
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     gradients, adamw = 4 * phi, 8 * phi  # fp32 gradients; AdamW's fp32 momentum and variance
 
-    support = inspect_model(str(path))
     arch = dataclasses.replace(architecture_from_config(path), linears=support.linears,
                                num_parameters=support.parameters)
     estimate = estimate_memory(PlanSpec(arch, method="lora", lora_r=8), Configuration("ddp"))
