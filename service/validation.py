@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Iterator
 from eft.types.jobs import JobCreate, LoraMethod
 from eft.types.plans import Cluster
 from eft.service.errors import Problem, RequestInvalid
-from eft.planner.architectures import LORA_PRESETS
 from eft.service import hub
 from eft.service.files import FILE_ID, uploaded_path
 from eft.service.model_support import ModelSupport, inspect_model

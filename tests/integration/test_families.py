@@ -268,3 +268,56 @@ def test_lora_model_state_is_what_the_planner_counts(name):
     assert arch.lora_parameters(8, "all-linear") == phi
     planned = (estimate.parameters * GB, estimate.gradients * GB, estimate.optimizer * GB)
     assert planned == pytest.approx((weights, gradients, adamw), rel=1e-9)
+
+
+#: Families whose decoder layer the planner's activation model describes operation by operation
+#: (pre-norm RMSNorm, rotary attention, SwiGLU; Phi's fused projections). Gemma's four norms per
+#: layer, Qwen 3's q/k norms, GPT-2's dropouts and python GELU, and OPT/Bloom/Pythia's LayerNorm
+#: layouts depart from it: see BENCHMARKS.md.
+ACTIVATION_FAMILIES = ["llama-3.1", "llama-3.2", "mistral", "qwen2.5", "smollm2", "phi-3", "phi-4"]
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("name", ACTIVATION_FAMILIES)
+def test_planned_activations_are_what_autograd_saves(name, method):
+    """The planner's forward activations (every layer's saved tensors and the final norm's) against
+    the bytes autograd actually saves in one forward of the family's decoder, counted once per
+    storage through `saved_tensors_hooks`; LoRA all-linear with dropout 0.05, fp32 on CPU."""
+    import dataclasses
+
+    from peft import LoraConfig, get_peft_model
+
+    from eft.planner.architectures import architecture_from_config
+    from eft.planner.memory import forward_bytes
+    from eft.planner.spec import Configuration, PlanSpec
+    from eft.service.model_support import inspect_model
+
+    path = MODELS / model_name(name)
+    support = inspect_model(str(path))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    if method == "lora":
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, task_type="CAUSAL_LM",
+                                                 target_modules=support.lora_targets("all-linear")))
+    model.train()
+    owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in owned:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    b, s = 2, 32
+    ids = torch.randint(5, 200, (b, s), generator=torch.Generator().manual_seed(0))
+    decoder = (model.get_base_model() if method == "lora" else model).get_decoder()
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        decoder(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    arch = dataclasses.replace(architecture_from_config(path), linears=support.linears,
+                               num_parameters=support.parameters)
+    spec = PlanSpec(arch, method=method, seq_len=s, micro_batch=b, precision="fp32", device="cpu",
+                    **({"lora_r": 8} if method == "lora" else {}))
+    planned = forward_bytes(spec, Configuration("ddp", attention="sdpa"))
+    # Exact per layer; the spread is the first layer, whose input needs no gradient under LoRA
+    # (its norm and its q/k/v dropouts keep less), a larger share of 2 layers than of 32.
+    assert planned == pytest.approx(sum(saved.values()), rel=0.12), (planned, sum(saved.values()))
