@@ -49,6 +49,7 @@ clean:
 
 bench: setup
 	$(PY) bench/memory.py
+	$(PY) bench/activations.py
 	$(PY) bench/recovery.py
 	$(PY) bench/speed.py
 	$(PY) bench/gpu.py
