@@ -56,6 +56,7 @@ def measure(family: str) -> dict:
     from eft.planner.spec import Configuration, PlanSpec
     from eft.service.model_support import inspect_model
     from eft.training.families import model_name
+    from eft.training.model import peft_target_modules
 
     path = ROOT / "assets" / "models" / model_name(family)
     support = inspect_model(str(path))
@@ -69,7 +70,7 @@ def measure(family: str) -> dict:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention)
         if method == "lora":
             model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, task_type="CAUSAL_LM",
-                                                     target_modules=support.lora_targets("all-linear")))
+                                                     target_modules=peft_target_modules(support.lora_spec("all-linear"))))
         model.train()
         spec = PlanSpec(arch, method=method, seq_len=SEQ, micro_batch=BATCH, precision="fp32", device="cpu",
                         **({"lora_r": 8} if method == "lora" else {}))

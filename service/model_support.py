@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eft.planner.architectures import LORA_PRESETS, Linear
 from eft.service.errors import Problem, RequestInvalid
+from eft.training.config import LoraSpec
 from eft.training.packing import packing_is_exact
 
 ATTENTION_WORDS = ("attn", "attention")
@@ -53,16 +53,18 @@ class ModelSupport:
         return tuple(dict.fromkeys(m.name for m in self.linears if m.kind in kinds))
 
     def lora_targets(self, target: str | tuple[str, ...]) -> str | tuple[str, ...]:
-        """What PEFT is given for a request's `target_modules`: presets become the model's own
-        names; in a multimodal checkpoint every choice becomes a pattern inside the text model,
-        so neither the vision tower nor the projector is adapted."""
+        """The modules a request's `target_modules` stands for: presets become the model's own
+        names; in a multimodal checkpoint "all-linear" becomes the text layers' names, which
+        `module_scope` then confines to the text model."""
         if target in LORA_PRESETS:
-            target = self.targets_for(target)
-        if self.language_model is None:
-            return target
-        names = self.target_names if target == "all-linear" else tuple(target)
-        alternatives = "|".join(re.escape(n) for n in names)
-        return rf"{re.escape(self.language_model)}\..*\.(?:{alternatives})"
+            return self.targets_for(target)
+        if target == "all-linear" and self.language_model is not None:
+            return self.target_names
+        return target
+
+    def lora_spec(self, target: str | tuple[str, ...], **options: Any) -> LoraSpec:
+        """A `LoraSpec` adapting `target` of this model (its text model only, if multimodal)."""
+        return LoraSpec(target_modules=self.lora_targets(target), module_scope=self.language_model, **options)
 
 
 def _refuse(code: str, message: str) -> RequestInvalid:

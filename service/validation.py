@@ -30,7 +30,7 @@ from eft.service import hub
 from eft.service.files import FILE_ID, uploaded_path
 from eft.service.model_support import ModelSupport, inspect_model
 from eft.service.settings import Settings
-from eft.training.config import LoraSpec, TrainConfig, steps_for
+from eft.training.config import TrainConfig, steps_for
 from eft.training.formats import (
     ScanResult, content_bytes, data_kind, is_dataset_dir, iter_records, scan_jsonl,
 )
@@ -420,9 +420,8 @@ def build_train_config(
     lora = None
     if isinstance(method, LoraMethod):
         target = method.target_modules if isinstance(method.target_modules, str) else tuple(method.target_modules)
-        target = inspect_model(inputs.model_path).lora_targets(target)
-        lora = LoraSpec(
-            r=method.r, alpha=method.alpha, dropout=method.dropout, target_modules=target,
+        lora = inspect_model(inputs.model_path).lora_spec(
+            target, r=method.r, alpha=method.alpha, dropout=method.dropout,
             quant_type=getattr(method, "quant_type", None),
             double_quant=getattr(method, "double_quant", True),
             quant_bits=getattr(method, "bits", 4),

@@ -91,7 +91,8 @@ def build_manifest(cfg: TrainConfig, metrics: dict[str, Any], attempt: int) -> d
         "method": cfg.method,
         "lora": None if cfg.lora is None else {
             "r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
-            "target_modules": cfg.lora.target_modules, "quant_type": cfg.lora.quant_type,
+            "target_modules": cfg.lora.target_modules, "module_scope": cfg.lora.module_scope,
+            "quant_type": cfg.lora.quant_type,
         },
         "hyperparameters": {
             k: getattr(cfg, k) for k in (

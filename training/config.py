@@ -16,6 +16,9 @@ class LoraSpec:
     alpha: float = 16.0
     dropout: float = 0.05
     target_modules: tuple[str, ...] | str = "all-linear"
+    #: Module path the adapters are confined to: the text model of a multimodal checkpoint
+    #: (e.g. "model.language_model"), so the vision tower and the projector stay untouched.
+    module_scope: str | None = None
     #: 4-bit data type for QLoRA ("nf4" or "fp4"); None loads the base model unquantized.
     quant_type: str | None = None
     double_quant: bool = True

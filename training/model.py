@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import torch
 
-from eft.training.config import TrainConfig
+from eft.training.config import LoraSpec, TrainConfig
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -69,6 +70,19 @@ def _hub_snapshot(repo_id: str, revision: str, cache_dir: str | None, local_file
                              local_files_only=local_files_only, allow_patterns=HUB_FILES)
 
 
+def peft_target_modules(spec: LoraSpec) -> str | list[str]:
+    """PEFT's `target_modules` for `spec`: the names, or within `module_scope` a pattern that
+    matches those names inside that module only (PEFT full-matches a string against each module's
+    path)."""
+    target = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
+    if spec.module_scope is None:
+        return target
+    if isinstance(target, str):
+        raise ValueError(f"a scoped LoRA target must name its modules, got {target!r}")
+    names = "|".join(re.escape(name) for name in target)
+    return rf"{re.escape(spec.module_scope)}\..*\.(?:{names})"
+
+
 def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     """Returns the base model with the job's method applied; only trainable params need grads."""
     from transformers import AutoModelForCausalLM
@@ -93,12 +107,11 @@ def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
         )
     spec = cfg.lora
     assert spec is not None
-    target = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
     lora_config = LoraConfig(
         r=spec.r,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
-        target_modules=target,
+        target_modules=peft_target_modules(spec),
         task_type="CAUSAL_LM",
     )
     # Seeded so every rank builds identical adapters (DDP also broadcasts rank 0's at wrap).

@@ -245,14 +245,14 @@ def test_lora_model_state_is_what_the_planner_counts(name):
     from eft.planner.memory import GB, estimate_memory
     from eft.planner.spec import Configuration, PlanSpec
     from eft.service.model_support import inspect_model
-    from eft.training.config import LoraSpec, TrainConfig
+    from eft.training.config import TrainConfig
     from eft.training.model import load_trainable_model
 
     path = MODELS / model_name(name)
     support = inspect_model(str(path))
-    targets = support.lora_targets("all-linear")  # a multimodal checkpoint: its text model only
+    lora = support.lora_spec("all-linear")  # a multimodal checkpoint: its text model only
     cfg = TrainConfig(job_id="j", model_path=str(path), training_file="t", validation_file=None,
-                      method="lora", lora=LoraSpec(target_modules=targets), total_steps=1, num_train_examples=1,
+                      method="lora", lora=lora, total_steps=1, num_train_examples=1,
                       precision="bf16", strategy="ddp", attention="eager")
     model = load_trainable_model(cfg)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -291,6 +291,7 @@ def test_planned_activations_are_what_autograd_saves(name, method):
     from eft.planner.memory import forward_bytes
     from eft.planner.spec import Configuration, PlanSpec
     from eft.service.model_support import inspect_model
+    from eft.training.model import peft_target_modules
 
     path = MODELS / model_name(name)
     support = inspect_model(str(path))
@@ -298,7 +299,7 @@ def test_planned_activations_are_what_autograd_saves(name, method):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     if method == "lora":
         model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, task_type="CAUSAL_LM",
-                                                 target_modules=support.lora_targets("all-linear")))
+                                                 target_modules=peft_target_modules(support.lora_spec("all-linear"))))
     model.train()
     owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     saved: dict[int, int] = {}
