@@ -116,10 +116,14 @@ def configurations(spec: PlanSpec) -> tuple[tuple[Configuration, ...], tuple[str
     return configs, tuple(notes)
 
 
-def _rank(candidate: Candidate) -> tuple:
+def _rank(candidate: Candidate, workers: int) -> tuple:
     c = candidate.config
-    return (not candidate.fits, round(candidate.relative_time, 6),
-            STRATEGY_PREFERENCE.index(c.strategy), candidate.memory.total)
+    # One worker shards nothing: DDP (no wrapper at all there) holds no more than ZeRO-1 and
+    # starts without DeepSpeed's engine, so it takes the ties the study's order gives ZeRO-1.
+    preference = STRATEGY_PREFERENCE.index(c.strategy)
+    if workers == 1 and c.strategy == "ddp":
+        preference = -1
+    return (not candidate.fits, round(candidate.relative_time, 6), preference, candidate.memory.total)
 
 
 def _evaluate(spec: PlanSpec) -> tuple[list[Candidate], tuple[str, ...]]:
@@ -129,7 +133,7 @@ def _evaluate(spec: PlanSpec) -> tuple[list[Candidate], tuple[str, ...]]:
         memory = estimate_memory(spec, config)
         candidates.append(Candidate(config, memory, memory.total <= spec.gpu_memory_gb,
                                     relative_time(config)))
-    candidates.sort(key=_rank)
+    candidates.sort(key=lambda c: _rank(c, spec.gpus))
     return candidates, notes
 
 

@@ -90,7 +90,10 @@ def test_gpu_type_brings_flash_attention_in():
 def test_model_from_a_local_directory_config_file_or_bundled_name(model, eft_home):
     body = plan_json("plan", "--model", model, "--gpu-memory", "1")
     assert body["model"]["parameters"] == 897_408
-    assert body["chosen"]["strategy"] == "zero1"
+    # one GPU shards nothing: plain DDP, no DeepSpeed engine
+    assert body["chosen"]["strategy"] == "ddp"
+    two = plan_json("plan", "--model", model, "--gpu-memory", "1", "--gpus", "2")
+    assert two["chosen"]["strategy"] == "zero1"  # two shard the optimizer: the study's order
 
 
 def test_lora_flags_and_qlora():
