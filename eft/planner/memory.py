@@ -136,9 +136,9 @@ def state_bytes(spec: PlanSpec, config: Configuration) -> tuple[float, float, fl
     return base, FP32, FP32, 8
 
 
-def parameter_bytes_per_base_param(spec: PlanSpec, config: Configuration | None = None) -> float:
+def parameter_bytes_per_base_param(spec: PlanSpec, config: Configuration) -> float:
     """Bytes per base parameter as stored: 2 or 4 by strategy and precision, less under QLoRA."""
-    base = state_bytes(spec, config or Configuration("ddp"))[0]
+    base = state_bytes(spec, config)[0]
     if spec.method != "qlora":
         return base
     quantized = NF4_BYTES + (DOUBLE_QUANT_ABSMAX_BYTES if spec.double_quant else ABSMAX_BYTES)
@@ -186,12 +186,12 @@ def _adapter_bytes(group: tuple, adapted: set[str], spec: PlanSpec, mask: float)
     return rank + mine[0].in_features * e  # the shared input, kept by lora_A
 
 
-def layer_activation_bytes(spec: PlanSpec, attention: str, device_mask_bytes: float | None = None) -> float:
+def layer_activation_bytes(spec: PlanSpec, attention: str) -> float:
     """Bytes one decoder layer keeps for backward, for s·b tokens (term B, per layer)."""
     arch, e = spec.architecture, element_bytes(spec)
     h, heads, kv, d, inner = (arch.hidden_size, arch.num_heads, arch.num_kv_heads,
                               arch.resolved_head_dim, arch.intermediate_size)
-    mask = device_mask_bytes if device_mask_bytes is not None else (1 if spec.device == "cuda" else e)
+    mask = 1 if spec.device == "cuda" else e  # dropout's saved mask: bool on CUDA, noise on CPU
     per_token = 0.0
     # attention core: q, k, v (eager repeats k and v per head) and the output
     qkv = (3 * heads * d) if attention == "eager" else (heads + 2 * kv) * d
