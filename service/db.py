@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -29,6 +30,9 @@ def make_engine(url: str) -> sa.Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # The job store holds every tenant's requests: readable by its owner only. SQLite
+            # gives its -wal and -shm files the database file's mode.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @sa_event.listens_for(engine, "connect")
@@ -38,6 +42,13 @@ def make_engine(url: str) -> sa.Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
+            # SQLAlchemy, not the sqlite3 module, begins transactions (below): the module's own
+            # deferred BEGIN cannot be made IMMEDIATE for the writes that must be serialized.
+            dbapi_conn.isolation_level = None
+
+        @sa_event.listens_for(engine, "begin")
+        def _begin(conn):  # noqa: ANN001
+            conn.exec_driver_sql(conn.get_execution_options().get("sqlite_begin", "BEGIN"))
 
         return engine
     from eft.service.settings import get_settings

@@ -86,10 +86,14 @@ class JobService:
 
         def create_once() -> str:
             check_job_files(req, principal.scope, self.files)
+            # A quick refusal before the request's checks; the binding check is repeated in the
+            # insert's own serialized transaction.
             check_quota(self.store, principal.tenant, req, self.settings)
             inputs = check_request(req, self.settings)
-            record = self.store.create_job(tenant=principal.tenant, request=req.model_dump(mode="json"),
-                                           name=req.name, plan=inputs.choice.to_dict())
+            record = self.store.create_job(
+                tenant=principal.tenant, request=req.model_dump(mode="json"), name=req.name,
+                plan=inputs.choice.to_dict(),
+                admit=lambda conn: check_quota(self.store, principal.tenant, req, self.settings, conn))
             if self.on_created is not None:
                 self.on_created()
             return record.id

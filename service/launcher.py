@@ -2,8 +2,10 @@
 
 A Ray Job gives each attempt process isolation, a stop signal, captured logs and a row in the
 Ray dashboard's Jobs view. The submission id names the job and the attempt
-(`ftjob-...-attempt-N`), so a retried dispatch can never start one attempt twice: Ray refuses a
-reused submission id.
+(`ftjob-...-attempt-N`) and is written with the claim, before anything is submitted: a retried
+or repeated dispatch can never start one attempt twice (Ray refuses a reused submission id, and
+`submit` answers False for it), and a replica that dies between the claim and the submit leaves
+an id the scheduler can look up.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class RayJobState:
 
 
 class Launcher(Protocol):
-    def submit(self, job_id: str, attempt: int, name: str | None) -> str: ...
+    def submit(self, job_id: str, attempt: int, name: str | None) -> bool: ...
     def state(self, submission_id: str) -> str: ...
     def stop(self, submission_id: str) -> None: ...
     def logs(self, submission_id: str) -> str: ...
@@ -52,8 +54,9 @@ class RayJobsLauncher:
             self._client = JobSubmissionClient(self.settings.ray_dashboard_url)
         return self._client
 
-    def submit(self, job_id: str, attempt: int, name: str | None) -> str:
-        """Start the driver of one attempt. Returns the Ray submission id."""
+    def submit(self, job_id: str, attempt: int, name: str | None) -> bool:
+        """Start the driver of one attempt under `submission_id_for(job_id, attempt)`. Returns
+        True when submitted now, False when Ray already has that attempt (a repeated dispatch)."""
         submission_id = submission_id_for(job_id, attempt)
         entrypoint = (
             f"{shlex.quote(sys.executable)} -m eft.service.entrypoint "
@@ -69,15 +72,20 @@ class RayJobsLauncher:
             metadata["eft_job_name"] = name[:200]
             # The key Ray's dashboard lists as the job's name in its Jobs view.
             metadata["job_name"] = f"{name[:180]} ({job_id})"
-        self.client.submit_job(
-            entrypoint=entrypoint,
-            submission_id=submission_id,
-            runtime_env={"env_vars": env},
-            metadata=metadata,
-            # The driver only coordinates; it must not take a CPU a worker needs.
-            entrypoint_num_cpus=0,
-        )
-        return submission_id
+        try:
+            self.client.submit_job(
+                entrypoint=entrypoint,
+                submission_id=submission_id,
+                runtime_env={"env_vars": env},
+                metadata=metadata,
+                # The driver only coordinates; it must not take a CPU a worker needs.
+                entrypoint_num_cpus=0,
+            )
+        except RuntimeError as exc:  # the SDK's error for a refused request
+            if "already exists" in str(exc):
+                return False
+            raise
+        return True
 
     def state(self, submission_id: str) -> str:
         try:

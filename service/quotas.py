@@ -1,6 +1,8 @@
 """Per-tenant quotas, checked when a job is created: active (validating, queued, running)
 jobs, and the CPUs and GPUs those jobs ask for at their largest size.
 
+The check runs inside the transaction that inserts the job, serialized with the tenant's other
+creates (`Store.create_job(admit=...)`), so concurrent creates never pass a limit together.
 Over a limit, a create answers 429 with `Retry-After`, unless the tenant's row says
 `queue_over_quota`: its jobs are then accepted and wait in `queued` (the scheduler runs at most
 `max_running_jobs_per_tenant` of them at once). Limits come from the `tenants` row, or from the
@@ -41,9 +43,11 @@ class TenantLimits:
     queue_over_quota: bool
 
 
-def limits_for(store: Store, tenant: str, settings: Settings) -> TenantLimits:
-    with store.engine.connect() as conn:
-        row = conn.execute(tenants.select().where(tenants.c.id == tenant)).first()
+def limits_for(store: Store, tenant: str, settings: Settings, conn: sa.Connection | None = None) -> TenantLimits:
+    if conn is None:
+        with store.engine.connect() as own:
+            return limits_for(store, tenant, settings, own)
+    row = conn.execute(tenants.select().where(tenants.c.id == tenant)).first()
     pick = lambda name, default: getattr(row, name) if row is not None and getattr(row, name) is not None else default  # noqa: E731
     return TenantLimits(
         max_active_jobs=pick("max_active_jobs", settings.max_active_jobs_per_tenant),
@@ -71,15 +75,19 @@ def _demand(request: JobCreate) -> tuple[float, float]:
     return workers * request.scaling.cpus_per_worker, float(workers if request.scaling.use_gpu else 0)
 
 
-def check_quota(store: Store, tenant: str, request: JobCreate, settings: Settings) -> None:
-    """Raise QuotaExceeded when `request` would take `tenant` over a limit."""
-    limits = limits_for(store, tenant, settings)
+def check_quota(store: Store, tenant: str, request: JobCreate, settings: Settings,
+                conn: sa.Connection | None = None) -> None:
+    """Raise QuotaExceeded when `request` would take `tenant` over a limit. With `conn`, reads
+    in that connection's transaction (the create's own)."""
+    if conn is None:
+        with store.engine.connect() as own:
+            return check_quota(store, tenant, request, settings, own)
+    limits = limits_for(store, tenant, settings, conn)
     if limits.queue_over_quota:
         return
     query = sa.select(jobs.c.request).where(jobs.c.tenant == tenant,
                                             jobs.c.status.in_([s.value for s in ACTIVE]))
-    with store.engine.connect() as conn:
-        active = [JobCreate.model_validate(r) for (r,) in conn.execute(query).all()]
+    active = [JobCreate.model_validate(r) for (r,) in conn.execute(query).all()]
     cpus, gpus = _demand(request)
     used_cpus = sum(_demand(r)[0] for r in active)
     used_gpus = sum(_demand(r)[1] for r in active)

@@ -6,7 +6,9 @@ Ray for the state of every running job costs a dashboard request each, so that p
 every `EFT_RECONCILE_INTERVAL_S` (drivers record their own outcomes; this pass catches drivers
 that died). Every step is safe to run from several replicas at once: each status change is
 a compare-and-set in the store, so a job is claimed (and its attempt number taken) by exactly
-one replica, and a lost race is simply skipped.
+one replica, and a lost race is simply skipped. The claim checks the cluster's and the
+tenant's running limits in the same serialized transaction, and records the Ray submission
+id, so a replica may die at any line of a dispatch and the job is still settled exactly once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Callable
 from eft.types.jobs import JobStatus
 from eft.service import metrics
 from eft.service.errors import Conflict, RequestInvalid
-from eft.service.launcher import Launcher, RayJobState
+from eft.service.launcher import Launcher, RayJobState, submission_id_for
 from eft.service.lifecycle import IllegalTransition
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store, utcnow
@@ -122,46 +124,80 @@ class Scheduler:
     # --- queued -> running -----------------------------------------------------------------
 
     def dispatch_queued(self) -> None:
+        """Start queued jobs while the cluster and their tenants are under their limits, one
+        job per tenant per round, tenants in the order of their longest-waiting job: a tenant
+        with a long backlog never hides another tenant's job from a free slot."""
         if self.settings.dispatch_paused:
             return  # validated jobs wait in the queue until dispatching resumes
-        active, _ = self.store.list_jobs(statuses=ACTIVE, limit=10_000)
-        per_tenant = Counter(j.tenant for j in active)
-        capacity = self.settings.max_running_jobs - len(active)
-        queued, _ = self.store.list_jobs(statuses=[JobStatus.queued], oldest_first=True, limit=100)
-        for job in queued:
-            if capacity <= 0:
-                return
-            if per_tenant[job.tenant] >= self.settings.max_running_jobs_per_tenant:
-                continue
-            if self._dispatch_one(job):
-                capacity -= 1
-                per_tenant[job.tenant] += 1
+        running = self.store.active_by_tenant(ACTIVE)
+        capacity = self.settings.max_running_jobs - sum(running.values())
+        if capacity <= 0:
+            return
+        per_tenant = self.settings.max_running_jobs_per_tenant
+        heads = self.store.queued_heads({t: min(capacity, per_tenant - running[t]) for t in self.store.queued_tenants()})
+        while capacity > 0 and heads:
+            for tenant in list(heads):
+                if capacity <= 0:
+                    break
+                job = heads[tenant].pop(0)
+                if not heads[tenant]:
+                    del heads[tenant]
+                if self._dispatch_one(job):
+                    capacity -= 1
+                    running[tenant] += 1
+                    if running[tenant] >= per_tenant:
+                        heads.pop(tenant, None)
 
     def _dispatch_one(self, job: JobRecord) -> bool:
+        """Claim the job's next attempt and submit it. The claim records the attempt's
+        submission id (derived from the job id and attempt) before anything is submitted, so a
+        replica dying at any line leaves a job that reconcile can settle: its Ray Job exists
+        and is watched, or it does not and the job is queued again after a grace period."""
         attempt = job.attempt + 1
-        # The claim: only one replica's compare-and-set on (status, attempt) can win.
-        claimed = self._safe_transition(
-            job, JobStatus.running, f"dispatching attempt {attempt}", attempt=attempt,
-            submission_id=None, started_at=job.started_at or utcnow(), data={"attempt": attempt},
+        submission_id = submission_id_for(job.id, attempt)
+        claimed = self.store.claim(
+            job, submission_id=submission_id, max_running=self.settings.max_running_jobs,
+            max_per_tenant=self.settings.max_running_jobs_per_tenant, active=ACTIVE,
+            message=f"dispatching attempt {attempt}", started_at=job.started_at or utcnow(),
         )
         if claimed is None:
-            return False
-        metrics.QUEUE_WAIT_SECONDS.observe(max(0.0, (claimed.updated_at - job.updated_at).total_seconds()))
+            # Lost to another writer, or a limit was reached, or this replica's own claim
+            # committed while its connection dropped (the retried claim then misses): in that
+            # last case the attempt is ours to submit, and submitting it twice is harmless.
+            claimed = self.store.get_job(job.id)
+            if not (claimed.status is JobStatus.running and claimed.attempt == attempt
+                    and claimed.submission_id == submission_id):
+                return False
+        else:
+            metrics.QUEUE_WAIT_SECONDS.observe(max(0.0, (claimed.updated_at - job.updated_at).total_seconds()))
         started = time.perf_counter()
         try:
-            submission_id = self.launcher.submit(job.id, attempt, job.name)
+            submitted = self.launcher.submit(job.id, attempt, job.name)
         except Exception as exc:  # noqa: BLE001 - Ray unreachable, refused, ...
             metrics.DISPATCH_SECONDS.labels("failed").observe(time.perf_counter() - started)
             log.warning("dispatch of %s attempt %s failed: %s", job.id, attempt, exc)
             self._after_dispatch_failure(claimed, exc)
             return False
         metrics.DISPATCH_SECONDS.labels("submitted").observe(time.perf_counter() - started)
-        self.store.update_job(job.id, attempt=attempt, submission_id=submission_id)
-        self.store.append_event(job.id, "submitted", f"Ray Job {submission_id} submitted",
-                                data={"submission_id": submission_id}, attempt=attempt)
+        if submitted:
+            self.store.append_event(job.id, "submitted", f"Ray Job {submission_id} submitted",
+                                    data={"submission_id": submission_id}, attempt=attempt)
+        now = self.store.get_job(job.id)
+        if now.attempt != attempt or now.status is not JobStatus.running:
+            # Cancelled or requeued while the submit was in flight: stop what was started.
+            self._stop_quietly(submission_id)
         return True
 
+    def _stop_quietly(self, submission_id: str) -> None:
+        try:
+            self.launcher.stop(submission_id)
+        except Exception as exc:  # noqa: BLE001 - retried by reconcile while the job is active
+            log.warning("stop of %s failed: %s", submission_id, exc)
+
     def _after_dispatch_failure(self, job: JobRecord, exc: Exception) -> None:
+        # The failed submit may have reached Ray after all (a timeout): stop it before the job
+        # moves on, so no attempt runs unwatched.
+        self._stop_quietly(submission_id_for(job.id, job.attempt))
         failures = job.attempt  # every dispatch, failed or not, used up one attempt
         if failures >= MAX_DISPATCH_FAILURES:
             self._safe_transition(
@@ -180,11 +216,14 @@ class Scheduler:
         statuses = ACTIVE if running else (JobStatus.cancelling,)
         active, _ = self.store.list_jobs(statuses=statuses, limit=10_000)
         for job in active:
-            if not job.submission_id:
-                continue
+            # Every claim records its submission id; a job claimed by an older release has none.
+            submission_id = job.submission_id or submission_id_for(job.id, job.attempt)
             if job.status is JobStatus.cancelling:
-                self.launcher.stop(job.submission_id)
-            state = self.launcher.state(job.submission_id)
+                self.launcher.stop(submission_id)
+            state = self.launcher.state(submission_id)
+            if state == RayJobState.MISSING and job.status is JobStatus.running and (
+                    utcnow() - job.updated_at).total_seconds() < self.settings.dispatch_grace_s:
+                continue  # claimed a moment ago: its submit may still be on its way
             if state in RayJobState.TERMINAL:
                 self._settle(self.store.get_job(job.id), state)
 
@@ -199,6 +238,9 @@ class Scheduler:
             return
         if job.status is not JobStatus.running:
             return
+        # Whatever Ray still has of this attempt is stopped first: a Ray Job that reappears (a
+        # submit that was still on its way) must not run beside the next attempt.
+        self._stop_quietly(job.submission_id or submission_id_for(job.id, job.attempt))
         budget = int((job.config or {}).get("max_restarts", TrainConfig.max_restarts))
         if job.restarts < budget:
             requeued = self._safe_transition(

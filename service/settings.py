@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = Field(
         5.0, gt=0, description="How often the scheduler asks Ray whether running jobs' drivers are alive."
     )
+    dispatch_grace_s: float = Field(
+        60.0, gt=0, description="How long a claimed job may have no Ray Job (its submit on its way) "
+        "before it counts as lost and is queued again."
+    )
     dispatch_paused: bool = Field(
         False, description="Validate and queue new jobs but start none (maintenance windows); "
         "running jobs go on."

@@ -9,11 +9,13 @@ transaction.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import sqlalchemy as sa
 
@@ -112,6 +114,20 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
+    @contextlib.contextmanager
+    def serialized(self, key: str) -> Iterator[sa.Connection]:
+        """A write transaction that runs alone among all those taking the same `key`, in every
+        process sharing the database: PostgreSQL takes a transaction-scoped advisory lock on
+        the key; SQLite has one writer at a time and this transaction starts as the writer
+        (BEGIN IMMEDIATE), so what it reads cannot change before it commits."""
+        with self.engine.connect() as conn:
+            if self.engine.dialect.name == "sqlite":
+                conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
+            with conn.begin():
+                if self.engine.dialect.name == "postgresql":
+                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(key))))
+                yield conn
+
     # --- jobs ------------------------------------------------------------------------------
 
     def create_job(
@@ -121,12 +137,19 @@ class Store:
         request: dict[str, Any],
         name: str | None = None,
         plan: dict[str, Any] | None = None,
+        admit: Callable[[sa.Connection], None] | None = None,
     ) -> JobRecord:
         """Insert a job in `validating` with its `created` event and the planner's choice.
-        (Repeated creates are told apart before this, by service/idempotency.py.)"""
+        (Repeated creates are told apart before this, by service/idempotency.py.)
+
+        `admit(conn)`, when given, runs first in the same transaction, serialized with every
+        other create of the tenant, and raises to refuse the job (a quota): no two concurrent
+        creates can both pass a limit that only one fits under."""
         now = utcnow()
         job_id = new_job_id()
-        with self.engine.begin() as conn:
+        with self.serialized(f"eft:create:{tenant}") as conn:
+            if admit is not None:
+                admit(conn)
             conn.execute(
                 jobs.insert().values(
                     id=job_id, tenant=tenant, name=name, status=JobStatus.validating.value,
@@ -170,7 +193,56 @@ class Store:
         records = [JobRecord.from_row(r) for r in rows[:limit]]
         return records, len(rows) > limit
 
-    def count_by_status(self, tenant: str | None = None) -> dict[str, int]:
+    def active_by_tenant(self, statuses: Iterable[JobStatus], conn: sa.Connection | None = None) -> Counter[str]:
+        """How many jobs each tenant has in `statuses` (one aggregate query)."""
+        query = (sa.select(jobs.c.tenant, sa.func.count()).where(jobs.c.status.in_([JobStatus(s).value for s in statuses]))
+                 .group_by(jobs.c.tenant))
+        with contextlib.nullcontext(conn) if conn is not None else self.engine.connect() as c:
+            return Counter({tenant: n for tenant, n in c.execute(query).all()})
+
+    def queued_heads(self, per_tenant: dict[str, int]) -> dict[str, list[JobRecord]]:
+        """For each tenant in `per_tenant`, up to that many of its oldest queued jobs; tenants
+        ordered by their oldest queued job (the longest waiting first)."""
+        heads: dict[str, list[JobRecord]] = {}
+        with self.engine.connect() as conn:
+            for tenant, limit in per_tenant.items():
+                if limit <= 0:
+                    continue
+                rows = conn.execute(jobs.select().where(jobs.c.tenant == tenant, jobs.c.status == JobStatus.queued.value)
+                                    .order_by(jobs.c.id.asc()).limit(limit)).all()
+                if rows:
+                    heads[tenant] = [JobRecord.from_row(r) for r in rows]
+        return dict(sorted(heads.items(), key=lambda item: item[1][0].id))
+
+    def queued_tenants(self) -> list[str]:
+        """Tenants with queued jobs."""
+        query = sa.select(jobs.c.tenant).where(jobs.c.status == JobStatus.queued.value).distinct()
+        with self.engine.connect() as conn:
+            return [t for (t,) in conn.execute(query).all()]
+
+    def claim(self, job: JobRecord, *, submission_id: str, max_running: int, max_per_tenant: int,
+              active: Iterable[JobStatus], message: str, **values: Any) -> JobRecord | None:
+        """queued -> running as the job's next attempt, with its Ray submission id, only while
+        the cluster runs fewer than `max_running` jobs and the tenant fewer than
+        `max_per_tenant` (jobs in `active`): checked and claimed in one transaction, serialized
+        with every other claim, so replicas dispatching at once never pass a limit together.
+        Returns the claimed job, or None (a limit is reached, or another writer moved the job)."""
+        attempt = job.attempt + 1
+        with self.serialized("eft:dispatch") as conn:
+            counts = self.active_by_tenant(active, conn)
+            if sum(counts.values()) >= max_running or counts[job.tenant] >= max_per_tenant:
+                return None
+            change = lifecycle.plan_transition(job.status, JobStatus.running, message, data={"attempt": attempt})
+            now = utcnow()
+            result = conn.execute(
+                jobs.update().where(jobs.c.id == job.id, jobs.c.status == job.status.value, jobs.c.attempt == job.attempt)
+                .values(status=JobStatus.running.value, attempt=attempt, submission_id=submission_id,
+                        updated_at=now, **values))
+            if result.rowcount != 1:
+                return None
+            self._insert_event(conn, job.id, attempt, change.event_type, change.level, change.message, change.data)
+        return self.get_job(job.id)
+
         query = sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)
         if tenant is not None:
             query = query.where(jobs.c.tenant == tenant)

@@ -101,3 +101,20 @@ def test_a_tenant_that_allows_queueing_is_accepted_over_its_limit(service):
     client, store = service
     set_tenant_limits(store, "team-a", max_active_jobs=1, queue_over_quota=True)
     assert [client.post("/jobs", json=_job()).status_code for _ in range(3)] == [201, 201, 201]
+
+
+def test_twenty_concurrent_creates_pass_a_limit_of_two_exactly_twice(service):
+    """The quota is checked in the create's own serialized transaction: of 20 creates racing
+    on one tenant (distinct keys, 20 threads), exactly 2 are stored and 18 answer 429."""
+    client, store = service
+    set_tenant_limits(store, "team-a", max_active_jobs=2)
+    barrier = __import__("threading").Barrier(20)
+
+    def post(i):
+        barrier.wait()
+        return client.post("/jobs", json=_job(name=f"race-{i}"), headers={"Idempotency-Key": f"race-{i}"})
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        codes = sorted(r.status_code for r in pool.map(post, range(20)))
+    assert codes == [201] * 2 + [429] * 18, codes
+    assert len(store.list_jobs(limit=100)[0]) == 2

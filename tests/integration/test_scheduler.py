@@ -30,9 +30,11 @@ class RecordingLauncher:
             raise ConnectionError("dashboard unreachable")
         sid = submission_id_for(job_id, attempt)
         with self.lock:
+            if sid in self.states:  # Ray refuses a reused submission id
+                return False
             self.submitted.append(sid)
-        self.states[sid] = RayJobState.RUNNING
-        return sid
+            self.states[sid] = RayJobState.RUNNING
+        return True
 
     def state(self, submission_id):
         return self.states.get(submission_id, RayJobState.MISSING)
@@ -59,7 +61,9 @@ def store(database_url):
 
 
 def _scheduler(store, launcher, **settings):
-    return Scheduler(store, launcher, Settings(**settings), validate_ok)
+    # A Ray Job missing right after its claim counts as lost at once here (no submit is on its
+    # way in these tests); the grace itself has its own test.
+    return Scheduler(store, launcher, Settings(**{"dispatch_grace_s": 1e-6, **settings}), validate_ok)
 
 
 def _queued(store, tenant="t", n=1):
@@ -148,7 +152,7 @@ def test_restart_budget_comes_from_the_job(store):
         cfg, stats = validate_ok(job, settings)
         return dataclasses.replace(cfg, max_restarts=0), stats
 
-    scheduler = Scheduler(store, launcher, Settings(), validate_no_restarts)
+    scheduler = Scheduler(store, launcher, Settings(dispatch_grace_s=1e-6), validate_no_restarts)
     scheduler.tick()
     launcher.states.clear()
     scheduler.tick()
@@ -275,3 +279,157 @@ def test_a_slow_validation_never_requeues_a_job_another_replica_dispatched(store
     assert launcher.submitted == [f"{job.id}-attempt-1"]
     types = [e.type for e in store.list_events(job.id)[0]]
     assert types == ["created", "queued", "dispatched", "submitted"], types
+
+
+def test_four_replicas_at_once_never_pass_the_cluster_limit(store):
+    """The limits are checked in the claim's serialized transaction: four replicas, each with
+    its own connection pool, dispatching the same queue at once start exactly 2 of 8 jobs."""
+    launcher = RecordingLauncher()
+    _queued(store, "a", 4)
+    _queued(store, "b", 4)
+    _scheduler(store, launcher).validate_pending()
+    stores = [Store(store.url, migrate=False) for _ in range(4)]
+    replicas = [_scheduler(s, launcher, max_running_jobs=2, max_running_jobs_per_tenant=10) for s in stores]
+    barrier = threading.Barrier(4)
+    threads = [threading.Thread(target=lambda r=r: (barrier.wait(), r.dispatch_queued())) for r in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert len(store.list_jobs(statuses=[JobStatus.running])[0]) == 2
+    assert len(launcher.submitted) == 2
+
+
+def test_another_tenants_job_is_dispatched_past_a_backlog_of_500(store):
+    """Tenant a queued 500 jobs before tenant b queued one; a runs its 2 and b's job takes the
+    next free slot (dispatch looks at every tenant's oldest job, not at a window of the queue)."""
+    from eft.service.schema import jobs as jobs_table
+    from eft.service.store import utcnow
+
+    now = utcnow()
+    with store.engine.begin() as conn:  # 500 queued jobs of one tenant, in one statement
+        conn.execute(jobs_table.insert(), [
+            dict(id=f"ftjob-000000000000{i:08x}", tenant="a", status="queued", request=REQUEST, attempt=0,
+                 step=0, created_at=now, updated_at=now, config={"max_restarts": 3})
+            for i in range(500)])
+    late, = _queued(store, "b")
+    launcher = RecordingLauncher()
+    _scheduler(store, launcher, max_running_jobs=10, max_running_jobs_per_tenant=2).tick()
+    assert store.get_job(late.id).status is JobStatus.running
+    assert store.active_by_tenant([JobStatus.running]) == {"a": 2, "b": 1}
+
+
+def test_tenants_take_turns_for_the_free_slots(store):
+    """Slots are shared one job per tenant per round, longest-waiting tenant first."""
+    first = _queued(store, "a", 5)
+    second = _queued(store, "b", 5)
+    launcher = RecordingLauncher()
+    _scheduler(store, launcher, max_running_jobs=4, max_running_jobs_per_tenant=4).tick()
+    assert launcher.submitted == [f"{j.id}-attempt-1" for j in (first[0], second[0], first[1], second[1])]
+
+
+def test_a_claimed_job_without_its_ray_job_waits_out_the_grace_then_is_queued_again(store):
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    patient = _scheduler(store, launcher, dispatch_grace_s=3600)
+    patient.tick()
+    launcher.states.clear()  # the submit has not reached Ray yet (or Ray lost it)
+    patient.tick()
+    assert store.get_job(job.id).status is JobStatus.running  # within the grace: left alone
+    impatient = _scheduler(store, launcher)
+    impatient.tick()  # past the grace: lost, queued again within its restart budget
+    assert store.get_job(job.id).status is JobStatus.queued and store.get_job(job.id).restarts == 1
+    impatient.tick()
+    assert store.get_job(job.id).status is JobStatus.running and store.get_job(job.id).attempt == 2
+
+
+class Crash(BaseException):
+    """The replica's process dies here (not an error any handler of the replica catches)."""
+
+
+def _finish_as_driver(store, job_id):
+    """Play the driver of the job's current attempt: it succeeds, and its Ray Job ends."""
+    from eft.service.reporter import StoreReporter
+
+    job = store.get_job(job_id)
+    assert StoreReporter(store.url, job_id, job.attempt).succeeded("/artifacts/x", {"loss": 1.0}, 5)
+    return job.submission_id
+
+
+@pytest.mark.parametrize("where", ["before_claim", "after_claim", "after_submit", "before_recording",
+                                   "claim_commit_lost"])
+def test_a_replica_crashing_at_any_step_of_dispatch_leaves_the_job_run_exactly_once(store, where):
+    """Replica A dies at `where`; replica B (a new process: new store, same database and Ray)
+    takes over. The job runs once to success, every Ray Job but the one that finished it is
+    stopped, and its events tell the whole story."""
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    a_store = Store(store.url, migrate=False)
+    a = _scheduler(a_store, launcher)
+    a.validate_pending()
+    if where == "before_claim":
+        a_store.claim = lambda *args, **kw: (_ for _ in ()).throw(Crash())
+    elif where == "after_claim":
+        claim = a_store.claim
+        a_store.claim = lambda *args, **kw: (claim(*args, **kw), (_ for _ in ()).throw(Crash()))
+    elif where == "after_submit":
+        submit = launcher.submit
+        launcher.submit = lambda *args: (submit(*args), (_ for _ in ()).throw(Crash()))
+    elif where == "before_recording":
+        a_store.append_event = lambda *args, **kw: (_ for _ in ()).throw(Crash())
+    else:  # the claim committed but its connection dropped; the retried claim then misses
+        claim = a_store.claim
+        a_store.claim = lambda *args, **kw: (claim(*args, **kw), None)[1]
+    try:
+        a.dispatch_queued()
+    except Crash:
+        pass
+    a_store.close()
+    launcher.submit = RecordingLauncher.submit.__get__(launcher)
+
+    b = _scheduler(store, launcher)
+    for _ in range(4):  # reconcile settles what A left; dispatch starts what must run
+        b.tick()
+        if store.get_job(job.id).status is JobStatus.running and launcher.state(
+                store.get_job(job.id).submission_id) == RayJobState.RUNNING:
+            break
+    winner = _finish_as_driver(store, job.id)
+    launcher.states[winner] = RayJobState.SUCCEEDED
+    b.tick()
+    done = store.get_job(job.id)
+    assert done.status is JobStatus.succeeded
+    types = [e.type for e in store.list_events(job.id)[0]]
+    assert types.count("succeeded") == 1 and types.count("dispatched") >= 1
+    assert types[:3] == ["created", "queued", "dispatched"], types
+    # Nothing of the job still runs on Ray: every other attempt's Ray Job was stopped.
+    assert [sid for sid, state in launcher.states.items() if state == RayJobState.RUNNING] == []
+    assert set(launcher.submitted) - {winner} <= set(launcher.stopped)
+    if where != "before_claim" and where != "claim_commit_lost":
+        assert done.attempt == (2 if where == "after_claim" else 1), types
+    else:
+        assert done.attempt == 1 and launcher.submitted == [winner], types
+
+
+def test_a_cancel_during_a_failed_submit_ends_cancelled(store):
+    """The cancel lands while the submit is failing: the dispatcher cannot requeue a job that
+    is `cancelling` now, and reconcile settles it as cancelled (before, it stayed `cancelling`
+    for ever because no submission id had been recorded)."""
+    from eft.service.jobs import JobService
+
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    scheduler = _scheduler(store, launcher)
+    scheduler.validate_pending()
+
+    def cancel_then_fail(job_id, attempt, name):
+        JobService(store, launcher, Settings()).cancel(job_id, "t")
+        raise ConnectionError("dashboard unreachable")
+
+    launcher.submit = cancel_then_fail
+    scheduler.dispatch_queued()
+    assert store.get_job(job.id).status is JobStatus.cancelling
+    scheduler.tick()
+    assert store.get_job(job.id).status is JobStatus.cancelled
+    assert f"{job.id}-attempt-1" in launcher.stopped
