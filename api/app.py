@@ -13,6 +13,7 @@ from importlib import metadata
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -28,6 +29,7 @@ from eft.api.routes import ui as ui_routes
 from eft.service import jsonlog
 from eft.service.auth import KeyStore
 from eft.service.errors import Problem, RequestInvalid, ServiceError
+from eft.service.file_checks import owned_inputs
 from eft.service.jobs import JobService
 from eft.service.settings import Settings
 from eft.service.validation import check_raw_inputs
@@ -95,10 +97,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [_problem_from_pydantic(e) for e in exc.errors()]
-        # Also check the files and model the body names, so one 422 lists every problem.
-        if request.url.path.rstrip("/") == "/jobs" and isinstance(exc.body, dict):
+        # Also check the files and model the body names, so one 422 lists every problem: only
+        # for an authenticated caller, only files it owns (another tenant's file id is just not
+        # found, never read), and in a worker thread (a scan takes seconds on a large file).
+        if (request.url.path.rstrip("/") == "/jobs" and isinstance(exc.body, dict)
+                and hasattr(request.state, "scope")):
             service: JobService = request.app.state.job_service
-            problems += check_raw_inputs(exc.body, service.settings)
+            body, owned = owned_inputs(exc.body, request.state.scope, service.files)
+            problems += owned
+            problems += await run_in_threadpool(check_raw_inputs, body, service.settings)
         err = RequestInvalid(problems=problems)
         return _error(422, err.type, err.code, err.message, err.param, request,
                       [p.as_dict() for p in problems])

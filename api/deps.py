@@ -31,6 +31,7 @@ def get_principal(
     keys: KeyStore = request.app.state.keys
     principal = keys.authenticate(request.headers.get("authorization"))
     request.state.tenant = principal.tenant
+    request.state.scope = principal.scope  # what the error handlers may read on its behalf
     return principal
 
 

@@ -13,21 +13,38 @@ from eft.service.settings import Settings
 from eft.service.validation import request_tokenizer, resolve_model, tokenizer_problem
 
 
-def check_job_files(body: Any, tenant: str | None, files: FileStore) -> None:
+def check_job_files(body: Any, tenant: str | None, files: FileStore, conn: Any = None) -> None:
     """Refuse (422) a job naming a file id that is not this tenant's (or does not exist), as
-    `file_not_found`: another tenant's file is indistinguishable from a missing one."""
+    `file_not_found`: another tenant's file is indistinguishable from a missing one. With
+    `conn`, read in that connection's transaction (the create's own)."""
     problems = []
     for param in ("training_file", "validation_file"):
         value = getattr(body, param, None)
         if isinstance(value, str) and FILE_ID.match(value):
             try:
-                files.get(value, tenant)
+                files.get(value, tenant, conn)
             except FileNotFound:
                 problems.append(Problem(param, "file_not_found",
                                         f"no file with id {value!r}: upload it with POST /files, "
                                         "or list yours with GET /files"))
     if problems:
         raise RequestInvalid(problems=problems)
+
+
+def owned_inputs(body: dict[str, Any], scope: str | None, files: FileStore) -> tuple[dict[str, Any], list[Problem]]:
+    """A raw request body with every file id the caller does not own taken out, and a
+    `file_not_found` problem for each: what the 422 handler may then read and quote."""
+    body, problems = dict(body), []
+    for param in ("training_file", "validation_file"):
+        value = body.get(param)
+        if isinstance(value, str) and FILE_ID.match(value):
+            try:
+                files.get(value, scope)
+            except FileNotFound:
+                del body[param]
+                problems.append(Problem(param, "file_not_found", f"no file with id {value!r}: upload it "
+                                        "with POST /files, or list yours with GET /files"))
+    return body, problems
 
 
 def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, tenant: str | None,

@@ -23,11 +23,12 @@ from typing import BinaryIO
 
 import sqlalchemy as sa
 
-from eft.service.errors import ServiceError
+from eft.service.errors import Conflict, ServiceError
 from eft.service.schema import files as table
+from eft.service.schema import jobs as jobs_table
 from eft.service.settings import Settings
 from eft.training.storage import is_remote
-from eft.service.store import _aware, utcnow
+from eft.service.store import _aware, serialized, tenant_key, utcnow
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
 PURPOSES = ("fine-tune",)
@@ -163,12 +164,16 @@ class FileStore:
             os.fsync(out.fileno())
         return sha.hexdigest(), size
 
-    def get(self, file_id: str, tenant: str | None) -> FileRecord:
-        """The file; raises FileNotFound, also for another tenant's file (tenant None: any)."""
+    def get(self, file_id: str, tenant: str | None, conn: sa.Connection | None = None) -> FileRecord:
+        """The file; raises FileNotFound, also for another tenant's file (tenant None: any).
+        With `conn`, read in that connection's transaction."""
         query = table.select().where(table.c.id == file_id)
         if tenant is not None:
             query = query.where(table.c.tenant == tenant)
-        with self.engine.connect() as conn:
+        if conn is None:
+            with self.engine.connect() as own:
+                row = own.execute(query).first()
+        else:
             row = conn.execute(query).first()
         if row is None:
             raise FileNotFound(file_id)
@@ -189,9 +194,26 @@ class FileStore:
         return [_record(r) for r in rows[:limit]], len(rows) > limit
 
     def delete(self, file_id: str, tenant: str | None) -> FileRecord:
-        """Forget the file and remove its bytes; raises FileNotFound."""
+        """Forget the file and remove its bytes; raises FileNotFound, or Conflict (409) naming
+        the jobs that have not ended and train or validate on it (their next resume reads it
+        again). Serialized with the tenant's creates, so no job can start using it meanwhile."""
         record = self.get(file_id, tenant)
-        with self.engine.begin() as conn:
+        with serialized(self.engine, tenant_key(record.tenant)) as conn:
+            users = self.jobs_using(conn, record)
+            if users:
+                raise Conflict(f"file {file_id} is used by job(s) {', '.join(users)} that have not ended: "
+                               "wait for them to finish or cancel them, then delete it",
+                               code="file_in_use", param="file_id")
             conn.execute(table.delete().where(table.c.id == file_id))
         Path(record.path).unlink(missing_ok=True)
         return record
+
+    @staticmethod
+    def jobs_using(conn: sa.Connection, record: FileRecord) -> list[str]:
+        """Ids of the jobs that have not ended and name the file (an admin's job may name
+        another tenant's file)."""
+        ended = ("succeeded", "failed", "cancelled")
+        rows = conn.execute(sa.select(jobs_table.c.id, jobs_table.c.request).where(
+            jobs_table.c.status.not_in(ended))).all()
+        return [job_id for job_id, request in rows
+                if record.id in ((request or {}).get("training_file"), (request or {}).get("validation_file"))]

@@ -84,6 +84,10 @@ class JobService:
         over a tenant limit, Conflict for a reused key; nothing is stored then.
         """
 
+        def admit(conn) -> None:  # noqa: ANN001 - in the insert's serialized transaction
+            check_job_files(req, principal.scope, self.files, conn)  # not deleted meanwhile
+            check_quota(self.store, principal.tenant, req, self.settings, conn)
+
         def create_once() -> str:
             check_job_files(req, principal.scope, self.files)
             # A quick refusal before the request's checks; the binding check is repeated in the
@@ -93,7 +97,7 @@ class JobService:
             record = self.store.create_job(
                 tenant=principal.tenant, request=req.model_dump(mode="json"), name=req.name,
                 plan=inputs.choice.to_dict(),
-                admit=lambda conn: check_quota(self.store, principal.tenant, req, self.settings, conn))
+                admit=admit)
             if self.on_created is not None:
                 self.on_created()
             return record.id

@@ -57,7 +57,7 @@ class StoreReporter:
         self.store.append_event(self.job_id, type_, message, data=data, level=level, attempt=self.attempt)
 
     def counts(self, **deltas: int) -> None:
-        self.store.add_counts(self.job_id, **deltas)
+        self.store.add_counts(self.job_id, attempt=self.attempt, **deltas)
 
     def succeeded(self, artifact_path: str, metrics: dict[str, float], step: int) -> bool:
         try:

@@ -121,6 +121,11 @@ class Settings(BaseSettings):
         30.0, ge=5, description="How long a worker group may take to start before it is retried "
         "(a node that just left can still look free for a while)."
     )
+    allowed_worker_resources: list[str] = Field(
+        default_factory=lambda: ["spot"], description="Custom Ray resources a job may ask for in "
+        "`scaling.resources` (JSON list), e.g. the labels of your spot and on-demand node groups. "
+        "Anything else, Ray's per-node `node:<ip>` resources included, is refused."
+    )
     max_validation_errors: int = Field(20, ge=1, description="Problems listed per dataset.")
     max_dataset_bytes: int = Field(2 * 1024**3, ge=1)
     # Accounts, uploads and limits.

@@ -43,6 +43,26 @@ def new_job_id() -> str:
     return f"ftjob-{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
 
 
+@contextlib.contextmanager
+def serialized(engine: sa.Engine, key: str) -> Iterator[sa.Connection]:
+    """A write transaction that runs alone among all those taking the same `key`, in every
+    process sharing the database: PostgreSQL takes a transaction-scoped advisory lock on the
+    key; SQLite has one writer at a time and this transaction starts as the writer (BEGIN
+    IMMEDIATE), so what it reads cannot change before it commits."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
+        with conn.begin():
+            if engine.dialect.name == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(key))))
+            yield conn
+
+
+def tenant_key(tenant: str) -> str:
+    """The `serialized` key of a tenant's creates and deletes (quotas, files in use)."""
+    return f"eft:tenant:{tenant}"
+
+
 @dataclass
 class JobRecord:
     id: str
@@ -114,19 +134,8 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
-    @contextlib.contextmanager
-    def serialized(self, key: str) -> Iterator[sa.Connection]:
-        """A write transaction that runs alone among all those taking the same `key`, in every
-        process sharing the database: PostgreSQL takes a transaction-scoped advisory lock on
-        the key; SQLite has one writer at a time and this transaction starts as the writer
-        (BEGIN IMMEDIATE), so what it reads cannot change before it commits."""
-        with self.engine.connect() as conn:
-            if self.engine.dialect.name == "sqlite":
-                conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
-            with conn.begin():
-                if self.engine.dialect.name == "postgresql":
-                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(key))))
-                yield conn
+    def serialized(self, key: str) -> contextlib.AbstractContextManager[sa.Connection]:
+        return serialized(self.engine, key)
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -147,7 +156,7 @@ class Store:
         creates can both pass a limit that only one fits under."""
         now = utcnow()
         job_id = new_job_id()
-        with self.serialized(f"eft:create:{tenant}") as conn:
+        with self.serialized(tenant_key(tenant)) as conn:
             if admit is not None:
                 admit(conn)
             conn.execute(
@@ -243,6 +252,7 @@ class Store:
             self._insert_event(conn, job.id, attempt, change.event_type, change.level, change.message, change.data)
         return self.get_job(job.id)
 
+    def count_by_status(self, tenant: str | None = None) -> dict[str, int]:
         query = sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)
         if tenant is not None:
             query = query.where(jobs.c.tenant == tenant)
@@ -313,13 +323,24 @@ class Store:
             result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
         return result.rowcount == 1
 
-    def add_counts(self, job_id: str, **deltas: int) -> None:
-        """Add to the recovery counters (restarts, preemptions, resizes, lost_steps)."""
+    def add_counts(self, job_id: str, *, attempt: int | None = None, **deltas: int) -> bool:
+        """Add to the recovery counters (restarts, preemptions, resizes, lost_steps); with
+        `attempt`, only while the job is on that attempt. Returns False when fenced off."""
         values = {name: getattr(jobs.c, name) + int(delta) for name, delta in deltas.items() if delta}
         if not values:
-            return
+            return True
+        where = [jobs.c.id == job_id] + ([jobs.c.attempt == attempt] if attempt is not None else [])
         with self.engine.begin() as conn:
-            conn.execute(jobs.update().where(jobs.c.id == job_id).values(updated_at=utcnow(), **values))
+            result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
+        return result.rowcount == 1
+
+    @staticmethod
+    def _fence(conn: sa.Connection, job_id: str, attempt: int) -> bool:
+        """Within a write transaction: whether the job is still on `attempt`, holding its row
+        (a status change waits for this transaction), so a stale attempt writes nothing."""
+        result = conn.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.attempt == attempt)
+                              .values(updated_at=utcnow()))
+        return result.rowcount == 1
 
     # --- events, metrics, checkpoints --------------------------------------------------------
 
@@ -340,12 +361,16 @@ class Store:
         data: dict[str, Any] | None = None,
         level: str = "info",
         attempt: int | None = None,
-    ) -> None:
-        """Record an event that is not a status change (checkpoint saved, resized, ...)."""
-        if attempt is None:
-            attempt = self.get_job(job_id).attempt
+    ) -> bool:
+        """Record an event that is not a status change (checkpoint saved, resized, ...). With
+        `attempt`, only while the job is on that attempt; returns False when fenced off."""
         with self.engine.begin() as conn:
+            if attempt is None:
+                attempt = self.get_job(job_id).attempt
+            elif not self._fence(conn, job_id, attempt):
+                return False
             self._insert_event(conn, job_id, attempt, type_, level, message, data)
+        return True
 
     def list_events(
         self, job_id: str, *, after: int | None = None, limit: int = 100
@@ -366,13 +391,18 @@ class Store:
         ]
         return events, len(rows) > limit
 
-    def record_metrics(self, job_id: str, attempt: int, step: int, values: dict[str, float]) -> None:
+    def record_metrics(self, job_id: str, attempt: int, step: int, values: dict[str, float]) -> bool:
+        """Store one step's metrics of `attempt`; False (nothing stored) when the job has moved
+        on to another attempt."""
         with self.engine.begin() as conn:
+            if not self._fence(conn, job_id, attempt):
+                return False
             conn.execute(
                 job_metrics.insert().values(
                     job_id=job_id, attempt=attempt, step=step, created_at=utcnow(), values=values
                 )
             )
+        return True
 
     def list_metrics(self, job_id: str) -> list[dict[str, Any]]:
         """Returns one row per step, oldest first. Reports of one step are merged, later ones
@@ -405,8 +435,12 @@ class Store:
         self, job_id: str, attempt: int, step: int, path: str, metrics: dict[str, Any], *,
         world_size: int | None = None, reason: str | None = None, size_bytes: int | None = None,
         save_seconds: float | None = None,
-    ) -> None:
+    ) -> bool:
+        """Register a checkpoint `attempt` saved; False (not registered) when the job has moved
+        on to another attempt."""
         with self.engine.begin() as conn:
+            if not self._fence(conn, job_id, attempt):
+                return False
             conn.execute(
                 checkpoints.insert().values(
                     job_id=job_id, attempt=attempt, step=step, path=path, metrics=metrics,
@@ -414,6 +448,7 @@ class Store:
                     save_seconds=save_seconds, created_at=utcnow(),
                 )
             )
+        return True
 
     def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         """Every checkpoint the job saved, oldest first; `available` tells whether its

@@ -281,6 +281,13 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
         problems.append(Problem("strategy", "strategy_unsupported_for_method",
                                 f"qlora runs with strategy ddp (or auto) in this build, not "
                                 f"{req.strategy!r}: set strategy to ddp"))
+    for name in req.scaling.resources:
+        if name not in settings.allowed_worker_resources:
+            allowed = ", ".join(settings.allowed_worker_resources) or "none"
+            problems.append(Problem(f"scaling.resources.{name}", "resource_not_allowed",
+                                    f"custom resource {name!r} is not one this server lets jobs ask for "
+                                    f"(allowed: {allowed}): drop it, or ask the operator to add it to "
+                                    "EFT_ALLOWED_WORKER_RESOURCES"))
     max_workers = req.scaling.resolved_max_workers
     if req.hyperparameters.global_batch_size < max_workers:
         problems.append(Problem("hyperparameters.global_batch_size", "batch_smaller_than_workers",

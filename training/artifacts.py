@@ -117,6 +117,11 @@ def build_manifest(cfg: TrainConfig, metrics: dict[str, Any], attempt: int) -> d
     }
 
 
+def destination(artifact_root: str, job_id: str, attempt: int) -> str:
+    """Where an attempt of a job publishes its artifact: `<root>/<job id>/attempt-<n>`."""
+    return f"{artifact_root.rstrip('/')}/{job_id}/attempt-{attempt}"
+
+
 def publish(adapter_dir: Path, destination: str | Path, manifest: dict[str, Any]) -> str:
     """Copy `adapter_dir` to `destination` (a path or object-store URI) with the manifest,
     atomically. Returns the destination as a path or URI.

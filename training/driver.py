@@ -17,8 +17,9 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 import ray.train
@@ -58,6 +59,8 @@ log = logging.getLogger("eft.driver")
 # Whether Ray Train should watch for preemptions, as this process was started (JobTrainer then
 # turns Ray's own watcher actor off and runs the watcher in the controller).
 WATCH_PREEMPTIONS = env_bool(ENABLE_PREEMPTION_WATCHER_ENV_VAR, DEFAULT_ENABLE_PREEMPTION_WATCHER)
+#: How long a callback keeps retrying a report while the job store is unreachable.
+REPORT_PATIENCE_S = 60.0
 
 
 class _Reporting:
@@ -76,6 +79,23 @@ class _Reporting:
         if self._telemetry is None:
             self._telemetry = telemetry.for_run(self.spec, self.config)
         return self._telemetry
+
+    def report(self, what: str, call: Callable[[], Any]) -> Any:
+        """Make one report, retried with backoff for up to REPORT_PATIENCE_S while the job
+        store is unreachable; then logged and dropped. A callback that raised would fail the
+        controller and cost the job a restart, for bookkeeping the training does not need."""
+        deadline = time.monotonic() + REPORT_PATIENCE_S
+        delay = 0.5
+        while True:
+            try:
+                return call()
+            except Exception as exc:  # noqa: BLE001 - the store's errors, whatever its driver
+                if time.monotonic() + delay > deadline:
+                    log.warning("could not record %s for job %s; dropped: %s", what, self.spec.job_id, exc)
+                    return None
+                log.warning("recording %s for job %s failed, retrying in %.1fs: %s", what, self.spec.job_id, delay, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
 
 
 class RecordCheckpoints(_Reporting, ray.train.UserCallback):
@@ -99,14 +119,15 @@ class RecordCheckpoints(_Reporting, ray.train.UserCallback):
         path = _checkpoint_uri(self.checkpoint_root, checkpoint.path)
         reason = state.get("reason", "interval")
         world_size = state.get("world_size")
-        self.reporter.checkpoint(step, path, values, world_size=world_size, reason=reason,
-                                 size_bytes=size, save_seconds=state.get("save_seconds"))
+        self.report("checkpoint", lambda: self.reporter.checkpoint(
+            step, path, values, world_size=world_size, reason=reason, size_bytes=size,
+            save_seconds=state.get("save_seconds")))
         self.telemetry.checkpoint(reason, state.get("save_seconds"), size)
-        self.reporter.event(
+        self.report("checkpoint event", lambda: self.reporter.event(
             "checkpoint_saved", f"{reason} checkpoint saved at step {step}",
             {"step": step, "path": path, "reason": reason, "world_size": world_size,
              "size_bytes": size, "save_seconds": state.get("save_seconds")},
-        )
+        ))
 
 
 def _checkpoint_uri(checkpoint_root: str, path: str) -> str:
@@ -334,7 +355,9 @@ def run(cfg: TrainConfig, spec: RunSpec, reporter: Reporter) -> int:
     with result.checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as scratch:
         manifest = artifacts.build_manifest(cfg, final_metrics, spec.attempt)
         adapter = with_tensorboard(cfg.artifact_root, spec.job_id, Path(directory) / "adapter", Path(scratch))
-        path = artifacts.publish(adapter, f"{cfg.artifact_root.rstrip('/')}/{spec.job_id}", manifest)
+        # Each attempt publishes under its own name: an attempt that went stale while it
+        # finished can never replace the artifact of the attempt the job succeeded with.
+        path = artifacts.publish(adapter, artifacts.destination(cfg.artifact_root, spec.job_id, spec.attempt), manifest)
     if not reporter.succeeded(str(path), final_metrics, cfg.total_steps):
         log.warning("job %s moved on while attempt %s finished", spec.job_id, spec.attempt)
         return 0

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # Non-finite numbers (Infinity, NaN) are refused everywhere: no setting means them.
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
 
 class _Response(BaseModel):

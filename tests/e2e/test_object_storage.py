@@ -99,10 +99,14 @@ def test_checkpoints_and_artifact_in_object_storage_survive_a_killed_worker(s3_s
     from eft.service.settings import BUNDLED_ASSETS
     from eft.training import artifacts
 
-    assert done["artifact_path"] == f"s3://{BUCKET}/artifacts/{jid}"
-    keys = _keys(s3["client"], f"artifacts/{jid}/")
-    assert f"artifacts/{jid}/{artifacts.COMMIT_MARKER}" in keys
-    assert not _keys(s3["client"], "artifacts/.staging/")  # the staging prefix was cleaned up
+    assert done["artifact_path"] == f"s3://{BUCKET}/artifacts/{jid}/attempt-{done['attempt']}"
+    prefix = f"artifacts/{jid}/attempt-{done['attempt']}"
+    keys = _keys(s3["client"], f"{prefix}/")
+    assert f"{prefix}/{artifacts.COMMIT_MARKER}" in keys
+    assert not [k for k in _keys(s3["client"], "artifacts/") if "/.staging/" in k]  # staging cleaned up
+    # The manifest is read through the storage layer, from the bucket.
+    manifest = api.get(f"{url}/jobs/{jid}/manifest")
+    assert manifest.status_code == 200 and manifest.json()["job_id"] == jid, manifest.text
     os.environ.update(s3["env"])
     try:
         local = artifacts.download(done["artifact_path"], tmp_path / "adapter")

@@ -31,6 +31,10 @@ def _nothing_stored(client) -> None:
     assert client.get("/jobs").json()["data"] == []
 
 
+def _nothing_stored_but(client, job_id: str) -> None:
+    assert [j["id"] for j in client.get("/jobs").json()["data"]] == [job_id]
+
+
 def test_minimal_request_creates_a_validating_job(client, data):
     train = data("train.jsonl", [CHAT] * 3)
     r = client.post("/jobs", json={"model": "tiny-llama", "training_file": train})
@@ -252,6 +256,15 @@ def test_recovery_and_elastic_options_are_checked_and_kept(client, data):
     assert job["scaling"]["resources"] == {"spot": 1.0} and job["recovery"]["max_restarts"] == 5
     assert job["checkpoint"]["every_seconds"] == 600
     assert (job["restarts"], job["preemptions"], job["resizes"], job["lost_steps"]) == (0, 0, 0, 0)
+
+    # Only resources the operator allows (EFT_ALLOWED_WORKER_RESOURCES; "spot" by default):
+    # never Ray's per-node resources, which would pin a job to a node of the tenant's choosing.
+    for name in ("node:10.0.0.7", "accelerator_type:H100", "gpu-pool-b"):
+        pinned = client.post("/jobs", json={"model": "tiny-llama", "training_file": train,
+                                            "scaling": {"resources": {name: 1}}})
+        problems = _problems(pinned)
+        assert "EFT_ALLOWED_WORKER_RESOURCES" in problems[f"scaling.resources.{name}"], problems
+    _nothing_stored_but(client, job["id"])
 
 
 def test_a_dataset_edited_after_a_job_is_checked_again(client, data, eft_home):

@@ -37,6 +37,11 @@ BODIES = [
                                      "hyperparameters": {"learning_rate": 1e308 * 10}}).encode()),
     ("application/json", json.dumps({"model": "tiny-llama", "training_file": "t.jsonl",
                                      "surprise": True}).encode()),
+    # Python's json writes (and FastAPI reads) Infinity and NaN; no setting means them.
+    ("application/json", json.dumps({"model": "tiny-llama", "training_file": "t.jsonl",
+                                     "method": {"type": "lora", "alpha": float("inf")}}).encode()),
+    ("application/json", json.dumps({"model": "tiny-llama", "training_file": "t.jsonl",
+                                     "hyperparameters": {"weight_decay": float("nan")}}).encode()),
 ]
 
 

@@ -165,3 +165,32 @@ def test_validate_names_an_unknown_model(client):
     f = _upload(client, _jsonl(CHAT)).json()
     r = client.post(f"/files/{f['id']}/validate", json={"model": "no-such-model"})
     assert r.status_code == 422 and r.json()["error"]["errors"][0]["param"] == "model"
+
+
+def test_a_schema_invalid_job_never_reads_another_tenants_file(client, other_tenant):
+    """The 422 handler checks what a body names to list every problem at once; it checks
+    ownership first, so another tenant's file id is only `file_not_found`, never scanned or
+    quoted (before, its broken lines came back in the error)."""
+    secret = "the-launch-code-is-4711"
+    f = _upload(client, _jsonl(CHAT, {"messages": [{"role": "user", "content": secret}]}, "{" + secret)).json()
+    body = {"model": "tiny-llama", "training_file": f["id"], "hyperparameters": {"learning_rate": "fast"}}
+    r = client.post("/jobs", json=body, headers=other_tenant)
+    assert r.status_code == 422
+    errors = r.json()["error"]["errors"]
+    assert {(e["param"], e["code"]) for e in errors} >= {("training_file", "file_not_found")}, errors
+    assert secret not in r.text and "line 3" not in r.text
+    # The owner, making the same mistake, hears about the broken line too.
+    own = client.post("/jobs", json=body)
+    assert own.status_code == 422 and "line 3" in own.text
+
+
+def test_an_upload_a_job_still_uses_cannot_be_deleted(client):
+    f = _upload(client, _jsonl(CHAT, CHAT)).json()
+    job = client.post("/jobs", json={"model": "tiny-llama", "training_file": f["id"]}).json()
+    r = client.delete(f"/files/{f['id']}")
+    assert r.status_code == 409, r.text
+    error = r.json()["error"]
+    assert error["code"] == "file_in_use" and job["id"] in error["message"]
+    assert client.get(f"/files/{f['id']}/content").status_code == 200  # nothing was removed
+    client.post(f"/jobs/{job['id']}/cancel")
+    assert client.delete(f"/files/{f['id']}").status_code == 200

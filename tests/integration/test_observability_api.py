@@ -81,11 +81,15 @@ def test_logs_and_manifest_before_the_job_ran_are_409_with_the_envelope(client, 
 
 def test_latest_metric_values_takes_each_jobs_newest_row(database_url):
     from eft.service.store import Store
+    from eft.types.jobs import JobStatus
 
     store = Store(database_url)
     try:
         a = store.create_job(tenant="t", request={}, name=None)
         b = store.create_job(tenant="t", request={}, name=None)
+        for job in (a, b):
+            store.transition(job.id, JobStatus.queued, "validated")
+            store.transition(job.id, JobStatus.running, "dispatched", attempt=1)
         store.record_metrics(a.id, 1, 1, {"loss": 2.0, "trained_tokens": 10})
         store.record_metrics(a.id, 1, 2, {"loss": 1.5, "trained_tokens": 20})
         store.record_metrics(b.id, 1, 1, {"loss": 3.0})

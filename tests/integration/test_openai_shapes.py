@@ -50,4 +50,5 @@ def test_files_and_jobs_through_the_openai_package(openai_client):
     with pytest.raises((BadRequestError, UnprocessableEntityError)):
         openai_client.fine_tuning.jobs.create(model="tiny-llama", training_file=f.id,
                                               hyperparameters={"n_epochs": 500})
+    openai_client.fine_tuning.jobs.cancel(other.id)  # an upload a job still uses cannot be deleted
     assert openai_client.files.delete(f.id).deleted

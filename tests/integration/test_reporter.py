@@ -55,8 +55,17 @@ def test_a_stale_attempt_changes_nothing(running, database_url):
     store.transition(job_id, JobStatus.running, "dispatched", attempt=2)
     assert not stale.step(3, 1) and not stale.resumed(3, 1)
     assert not stale.succeeded("/artifacts/old", {}, 4)
+    events_before = [e.id for e in store.list_events(job_id)[0]]
+    # Metrics, checkpoints, events and counters of the stale attempt are fenced off too.
+    stale.metrics(3, {"loss": 9.0})
+    stale.checkpoint(3, "/ckpt/stale", {}, world_size=1, reason="interval", size_bytes=1, save_seconds=0.1)
+    stale.event("resized", "grew", {"to_workers": 2})
+    stale.counts(restarts=1, lost_steps=5)
     job = store.get_job(job_id)
     assert (job.status, job.attempt, job.step, job.artifact_path) == (JobStatus.running, 2, 0, None)
+    assert (job.restarts, job.lost_steps) == (0, 0)
+    assert store.list_metrics(job_id) == [] and store.list_checkpoints(job_id) == []
+    assert [e.id for e in store.list_events(job_id)[0]] == events_before
 
 
 def test_the_reporter_pickles_without_its_connection(running, database_url):

@@ -82,8 +82,13 @@ def test_cursor_pagination_newest_first(store):
 
 def test_metrics_merge_reports_of_a_step_latest_winning(store):
     job = store.create_job(tenant="t", request=REQUEST)
+    store.transition(job.id, JobStatus.queued, "validated")
+    store.transition(job.id, JobStatus.running, "dispatched", attempt=1)
     store.record_metrics(job.id, 1, 1, {"loss": 3.0})
     store.record_metrics(job.id, 1, 2, {"loss": 2.0})
+    store.transition(job.id, JobStatus.queued, "driver lost")
+    store.transition(job.id, JobStatus.running, "dispatched", attempt=2)
+    assert not store.record_metrics(job.id, 1, 3, {"loss": 9.0})  # attempt 1 is stale now
     store.record_metrics(job.id, 2, 2, {"loss": 2.5})  # attempt 2 re-ran step 2
     store.record_metrics(job.id, 2, 2, {"eval_loss": 1.0})  # and evaluated after it
     rows = store.list_metrics(job.id)
