@@ -3,8 +3,6 @@ is dropped with a log rather than failing the controller (which would cost the j
 
 from __future__ import annotations
 
-import pytest
-
 from eft.training import driver
 from eft.training.reporting import RunSpec
 
