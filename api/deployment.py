@@ -14,7 +14,7 @@ import threading
 from ray import serve
 
 from eft.api.app import create_app
-from eft.service import jsonlog
+from eft.service import credentials, jsonlog
 from eft.service.jobs import JobService
 from eft.service.launcher import RayJobsLauncher
 from eft.service.scheduler import Scheduler
@@ -37,6 +37,7 @@ def build_service(settings: Settings) -> tuple[JobService, Scheduler]:
 class EftService:
     def __init__(self) -> None:
         jsonlog.configure()
+        credentials.load()  # the secrets file EFT_SECRETS_FILE names, if any
         settings = get_settings()
         self.job_service, self.scheduler = build_service(settings)
         self._thread = threading.Thread(

@@ -135,7 +135,12 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
     from eft.api.deployment import EftService
     from eft.api.serve_config import application
 
-    app = application(env, num_replicas)
+    from eft.service import credentials
+
+    # Credentials go to a 0600 file under EFT_HOME; the Serve app's runtime environment, which
+    # Ray's dashboard API shows, carries only its path.
+    home = Path(env.get("EFT_HOME") or get_settings().home)
+    app = application(credentials.public_env(env, home), num_replicas)
     (options,) = app["deployments"]
     if port is not None:
         serve.start(http_options={"host": host, "port": port})

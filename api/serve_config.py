@@ -36,7 +36,9 @@ def application(env: dict[str, str], num_replicas: int = 1) -> dict[str, Any]:
             # once instead of the proxy queueing past Serve's default of 5.
             "max_ongoing_requests": 64,
             # The replica only serves HTTP and schedules: it must not take a CPU a worker needs.
-            "ray_actor_options": {"num_cpus": 0},
+            # It runs on the head, beside the dashboard it submits jobs to (which need listen
+            # on nothing but the head's loopback on a cluster-launcher cluster).
+            "ray_actor_options": {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}},
         }],
     }
 

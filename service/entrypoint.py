@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
 from eft.planner.architectures import architecture_from_config
 from eft.service import jsonlog
 from eft.service.reporter import StoreReporter
-from eft.service.settings import Settings, get_settings
+from eft.service import credentials
+from eft.service.settings import Settings, get_settings, redacted_url
 from eft.service.store import Store
 from eft.training import driver
 from eft.training.config import TrainConfig
@@ -62,7 +64,16 @@ def run_spec(job: Any, settings: Settings) -> RunSpec:
 
 def run(job_id: str, attempt: int) -> int:
     """Run one attempt of a job. Returns the process exit code."""
+    credentials.load()
     settings = get_settings()
+    expected = os.environ.get("EFT_DATABASE_URL_REDACTED")
+    if expected and redacted_url(settings.resolved_database_url) != expected:
+        # Without its credentials the driver would open a default store, not the service's.
+        log.error("this driver cannot reach the service's database %s (it has %s): put "
+                  "EFT_DATABASE_URL in the node's environment or in the secrets file "
+                  "EFT_SECRETS_FILE names (docs/operations.md)", expected,
+                  redacted_url(settings.resolved_database_url))
+        return 2
     store = Store(settings.resolved_database_url, migrate=False)
     job = store.get_job(job_id)
     if job.attempt != attempt or job.status not in (JobStatus.running, JobStatus.cancelling):

@@ -14,6 +14,7 @@ import shlex
 import sys
 from typing import Protocol
 
+from eft.service import credentials
 from eft.service.settings import Settings
 
 
@@ -62,11 +63,17 @@ class RayJobsLauncher:
             f"{shlex.quote(sys.executable)} -m eft.service.entrypoint "
             f"--job-id {shlex.quote(job_id)} --attempt {attempt}"
         )
+        # No credential in the runtime environment, entrypoint or metadata: Ray's dashboard API
+        # shows all three to anyone who reaches it (service/credentials.py).
         env = {
             **self.settings.driver_environment(),
             # Shows the Train run in the dashboard's Train view.
             "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
         }
+        runtime_env: dict[str, object] = {"env_vars": env}
+        if credentials.FILE_VAR in env:
+            # The job's worker processes (Train controller and workers) read the file first.
+            runtime_env["worker_process_setup_hook"] = credentials.SETUP_HOOK
         metadata = {"eft_job_id": job_id, "eft_attempt": str(attempt)}
         if name:
             metadata["eft_job_name"] = name[:200]
@@ -76,7 +83,7 @@ class RayJobsLauncher:
             self.client.submit_job(
                 entrypoint=entrypoint,
                 submission_id=submission_id,
-                runtime_env={"env_vars": env},
+                runtime_env=runtime_env,
                 metadata=metadata,
                 # The driver only coordinates; it must not take a CPU a worker needs.
                 entrypoint_num_cpus=0,

@@ -2,11 +2,13 @@
 
 Every process of a job (the Serve replica, the Ray Job driver, the Train controller) reads the same
 variables; the launcher forwards them to the driver, so a job runs with the settings of the
-service that dispatched it.
+service that dispatched it, all but the credentials, which each process reads on its own node
+(service/credentials.py).
 """
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,6 +29,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EFT_", extra="ignore")
 
     home: Path = Field(default_factory=_default_home, description="Root of local state.")
+    secrets_file: Path | None = Field(
+        None, description="A dotenv file of credentials (EFT_DATABASE_URL, object-store keys, "
+        "EFT_ADMIN_API_KEY) that every process of the service reads on its own node; only its "
+        "path travels through Ray (service/credentials.py)."
+    )
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; defaults to a SQLite file under home."
     )
@@ -175,10 +182,15 @@ class Settings(BaseSettings):
         return [r.expanduser().resolve() for r in roots]
 
     def driver_environment(self) -> dict[str, str]:
-        """The `EFT_*` variables a job's driver needs to act with this service's settings."""
+        """The settings a job's driver needs, as variables safe to put in a Ray runtime
+        environment: no credential travels (service/credentials.py). The driver finds the
+        database URL and object-store keys in its node's environment or in the secrets file
+        named here; `EFT_DATABASE_URL_REDACTED` (the URL with its password masked) lets it check
+        that it found the service's database, not a default."""
+        from eft.service import credentials
+
         env = {
             "EFT_HOME": str(self.home),
-            "EFT_DATABASE_URL": self.resolved_database_url,
             "EFT_CHECKPOINT_ROOT": self.resolved_checkpoint_root,
             "EFT_ARTIFACT_ROOT": self.resolved_artifact_root,
             "EFT_FILES_ROOT": self.resolved_files_root,
@@ -189,6 +201,10 @@ class Settings(BaseSettings):
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.preemption_poll_interval_s),
             "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(self.worker_start_timeout_s),
         }
+        if self.database_url:
+            env["EFT_DATABASE_URL_REDACTED"] = redacted_url(self.database_url)
+        if os.environ.get(credentials.FILE_VAR):
+            env[credentials.FILE_VAR] = os.environ[credentials.FILE_VAR]
         # Read by the driver's telemetry to compute MFU.
         if self.gpu_type:
             env["EFT_GPU_TYPE"] = self.gpu_type
@@ -196,9 +212,17 @@ class Settings(BaseSettings):
             env["EFT_MLFLOW_TRACKING_URI"] = self.mlflow_tracking_uri
         if self.peak_tflops_per_worker:
             env["EFT_PEAK_TFLOPS_PER_WORKER"] = str(self.peak_tflops_per_worker)
-        # Object-store endpoint, region and credentials, as the service itself has them.
-        env.update(storage_environment())
+        # The object store's endpoint and region, as the service itself has them; its keys
+        # come from the secrets file or the node.
+        env.update(credentials.split(storage_environment())[0])
         return env
+
+
+def redacted_url(url: str) -> str:
+    """A database URL with its password masked."""
+    import sqlalchemy as sa
+
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
 @lru_cache(maxsize=1)

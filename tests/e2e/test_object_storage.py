@@ -1,9 +1,12 @@
-"""Checkpoints and artifacts in an S3-compatible object store (moto's server on loopback).
+"""Checkpoints and artifacts in an S3-compatible object store (moto's server on loopback), and
+a job store on PostgreSQL reached with a password.
 
 One job runs with both roots in a bucket; a worker is killed after its first checkpoint, the
 worker group restarts by reading that checkpoint back from the bucket, and the finished adapter
-is downloaded from the bucket and loaded with PEFT. Credentials live in the environment only:
-the secret appears nowhere in the job, its events or the job store.
+is downloaded from the bucket and loaded with PEFT. Credentials never leave the service's own
+environment: the object-store secret, the database password and the admin key appear nowhere
+in the job, its events, the job store, or any answer of Ray's dashboard API (jobs, Serve
+applications, actors, tasks, runtime environments, logs).
 """
 
 from __future__ import annotations
@@ -52,16 +55,25 @@ def s3():
     server.stop()
 
 
+DB_PASSWORD = f"pw-{secrets.token_hex(10)}"
+
+
 @pytest.fixture
 def s3_service(service, s3):
-    service["restart"](
-        EFT_CHECKPOINT_ROOT=f"s3://{BUCKET}/checkpoints", EFT_ARTIFACT_ROOT=f"s3://{BUCKET}/artifacts",
-        EFT_FILES_ROOT=f"s3://{BUCKET}/files", **s3["env"],
-    )
-    try:
-        yield service
-    finally:
-        service["restart"]()
+    from tests.conftest import postgres_schema_url
+
+    with postgres_schema_url("eft_e2e") as url:
+        # The local server trusts loopback, so any password is accepted: the point is that
+        # the service holds one and must not let it out.
+        database_url = url.replace("postgres@", f"postgres:{DB_PASSWORD}@", 1)
+        service["restart"](
+            EFT_CHECKPOINT_ROOT=f"s3://{BUCKET}/checkpoints", EFT_ARTIFACT_ROOT=f"s3://{BUCKET}/artifacts",
+            EFT_FILES_ROOT=f"s3://{BUCKET}/files", EFT_DATABASE_URL=database_url, **s3["env"],
+        )
+        try:
+            yield service
+        finally:
+            service["restart"]()
 
 
 def _keys(client, prefix: str) -> list[str]:
@@ -117,9 +129,32 @@ def test_checkpoints_and_artifact_in_object_storage_survive_a_killed_worker(s3_s
     model = PeftModel.from_pretrained(base, str(local))
     assert any("lora_A" in name for name, _ in model.named_parameters())
 
-    # Credentials stay in the environment: not in the job, its events, or the database file.
-    secret = s3["env"]["AWS_SECRET_ACCESS_KEY"]
-    assert secret not in api.get(f"{url}/jobs/{jid}").text
-    assert secret not in api.get(f"{url}/jobs/{jid}/events?limit=1000").text
-    for database in s3_service["home"].glob("eft.db*"):  # with SQLite's write-ahead log
-        assert secret.encode() not in database.read_bytes(), database
+    # Credentials stay in the service's environment: not in the job, its events, the store.
+    from tests.e2e.conftest import ADMIN_KEY
+
+    leaks = (s3["env"]["AWS_SECRET_ACCESS_KEY"], DB_PASSWORD, ADMIN_KEY)
+    for secret in leaks:
+        assert secret not in api.get(f"{url}/jobs/{jid}").text
+        assert secret not in api.get(f"{url}/jobs/{jid}/events?limit=1000").text
+    assert done["ray_submission_id"]
+    _assert_dashboard_keeps_no_secret(s3_service["dashboard_url"], done["ray_submission_id"], leaks)
+
+
+def _assert_dashboard_keeps_no_secret(dashboard: str, submission_id: str, leaks: tuple[str, ...]) -> None:
+    """Every answer of Ray's dashboard API a non-browser client gets, searched for credentials."""
+    import httpx
+
+    answers = {}
+    for path in ("/api/jobs/", f"/api/jobs/{submission_id}", f"/api/jobs/{submission_id}/logs",
+                 "/api/serve/applications/", "/api/v0/actors?detail=true&limit=10000",
+                 "/api/v0/tasks?detail=true&limit=10000", "/api/v0/runtime_envs?limit=10000",
+                 "/api/v0/placement_groups?detail=true", "/nodes?view=summary", "/api/v0/logs"):
+        response = httpx.get(dashboard + path, timeout=60)
+        assert response.status_code == 200, (path, response.status_code, response.text[:500])
+        answers[path] = response.text
+    # The job's runtime environment is there to see, and it names the secrets file, not secrets.
+    assert "EFT_SECRETS_FILE" in answers[f"/api/jobs/{submission_id}"]
+    assert "EFT_SECRETS_FILE" in answers["/api/serve/applications/"]
+    for path, text in answers.items():
+        for secret in leaks:
+            assert secret not in text, f"a credential is in the dashboard's {path}"

@@ -216,3 +216,26 @@ def test_every_kuberay_pod_mounts_the_shared_uploads_volume():
         mounts = [m for c in pod["containers"] for m in c.get("volumeMounts", []) if m["mountPath"] == files_root]
         assert len(mounts) == 1
         assert volumes[mounts[0]["name"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+
+
+def test_rays_control_plane_is_locked_down_in_every_deploy_file():
+    """Token authentication on, the dashboard (whose Jobs API runs arbitrary code) and the GCS
+    reachable only from the cluster's own pods and named operators; launcher clusters bind the
+    dashboard to the head's loopback; the service's replicas run on the head."""
+    cluster = _rayservice()["spec"]["rayClusterConfig"]
+    assert cluster["authOptions"] == {"mode": "token"}
+    assert cluster["headGroupSpec"]["serviceType"] == "ClusterIP"
+    base = DEPLOY / "kuberay" / "base"
+    assert "networkpolicy.yaml" in yaml.safe_load((base / "kustomization.yaml").read_text())["resources"]
+    policy = yaml.safe_load((base / "networkpolicy.yaml").read_text())
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"ray.io/cluster": _rayservice()["metadata"]["name"]}
+    open_to_all = [rule for rule in policy["spec"]["ingress"] if "from" not in rule]
+    assert {p["port"] for rule in open_to_all for p in rule["ports"]} <= {8000, 8080}  # never 8265 or 6379
+    for path in CLUSTERS:
+        text = path.read_text()
+        assert "--dashboard-host=127.0.0.1" in text and "--dashboard-host=0.0.0.0" not in text
+    env = (DEPLOY / "cluster" / "eft.env.example").read_text()
+    assert "RAY_AUTH_MODE=token" in env and "RAY_AUTH_TOKEN=" in env
+    (app,) = serve_config.render()["applications"]
+    assert app["deployments"][0]["ray_actor_options"]["resources"] == {"node:__internal_head__": 0.001}
