@@ -82,8 +82,30 @@ def ray_node_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {"RAY_worker_niceness": "0", **environ}
 
 
+def wait_for_previous_head(port: int = RAY_GCS_PORT, timeout_s: float = 60.0) -> None:
+    """Wait until nothing listens on the head's GCS port any more. A head that `eft down` (or
+    `ray stop`) just stopped keeps its GCS up for a few seconds; a new head started meanwhile
+    joins the old GCS and dies with Ray's "session name does not match persisted value".
+    Raises RuntimeError, saying what to do, if the port stays taken."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
+        except OSError:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"port {port} is still taken {timeout_s:.0f}s after the previous Ray "
+                               f"head stopped: run `{_ray_cli()} stop --force`, then `eft up` again")
+        time.sleep(0.5)
+
+
 def start_ray_head(num_cpus: int | None) -> None:
-    """Start a local Ray head with its dashboard (the Ray Jobs API needs it)."""
+    """Start a local Ray head with its dashboard (the Ray Jobs API needs it), once the previous
+    local head, if one just stopped, has let go of its port."""
+    wait_for_previous_head()
     cmd = [_ray_cli(), "start", "--head", f"--port={RAY_GCS_PORT}", "--dashboard-host=127.0.0.1",
            f"--dashboard-port={RAY_DASHBOARD_PORT}", "--disable-usage-stats"]
     if num_cpus:
