@@ -30,6 +30,7 @@ def get_principal(
 ) -> Principal:
     keys: KeyStore = request.app.state.keys
     principal = keys.authenticate(request.headers.get("authorization"))
+    request.app.state.rate_limiter.take(principal.tenant)
     request.state.tenant = principal.tenant
     request.state.scope = principal.scope  # what the error handlers may read on its behalf
     return principal

@@ -131,16 +131,23 @@ class FileStore:
         root = files_root(self.settings)
         root.mkdir(parents=True, exist_ok=True)
         file_id = new_file_id()
+        with self.engine.connect() as conn:
+            count, used = self._usage(conn, tenant)
+        self._check_usage(tenant, count, used, 0)
         fd, tmp = tempfile.mkstemp(dir=root, prefix=".upload-")
         try:
-            digest, size = self._copy(stream, fd)
+            # Streaming stops as soon as the tenant's storage would overflow, not at the end.
+            digest, size = self._copy(stream, fd, self.settings.max_file_bytes_per_tenant - used)
             final = files_root(self.settings) / f"{file_id}{upload_suffix(name)}"
             os.replace(tmp, final)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         try:
-            with self.engine.begin() as conn:
+            # Checked again with the insert, serialized with the tenant's other writes, so
+            # concurrent uploads never pass the limits together.
+            with serialized(self.engine, tenant_key(tenant)) as conn:
+                self._check_usage(tenant, *self._usage(conn, tenant), size)
                 conn.execute(table.insert().values(
                     id=file_id, tenant=tenant, filename=name, purpose=purpose, bytes=size,
                     sha256=digest, path=str(final), created_at=utcnow()))
@@ -149,11 +156,35 @@ class FileStore:
             raise
         return self.get(file_id, tenant)
 
-    def _copy(self, stream: BinaryIO, fd: int) -> tuple[str, int]:
+    @staticmethod
+    def _usage(conn: sa.Connection, tenant: str) -> tuple[int, int]:
+        """(uploads, bytes) the tenant keeps."""
+        count, used = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(table.c.bytes), 0))
+                                   .where(table.c.tenant == tenant)).one()
+        return int(count), int(used)
+
+    def _check_usage(self, tenant: str, count: int, used: int, size: int) -> None:
+        limit_files, limit_bytes = self.settings.max_files_per_tenant, self.settings.max_file_bytes_per_tenant
+        if count + 1 > limit_files:
+            from eft.service.quotas import QuotaExceeded
+
+            raise QuotaExceeded(f"tenant {tenant!r} keeps {count} uploads, the limit is {limit_files}: "
+                                "delete some with DELETE /files/{id}", "file", self.settings.quota_retry_after_s)
+        if used + size > limit_bytes:
+            raise PayloadTooLarge(f"tenant {tenant!r} keeps {used} bytes of uploads and this file would take it "
+                                  f"past its limit of {limit_bytes}: delete some with DELETE /files/{{id}}, or "
+                                  "ask the operator to raise EFT_MAX_FILE_BYTES_PER_TENANT", param="file")
+
+    def _copy(self, stream: BinaryIO, fd: int, room: int) -> tuple[str, int]:
         limit, sha, size = self.settings.max_upload_bytes, hashlib.sha256(), 0
         with os.fdopen(fd, "wb") as out:
             while chunk := stream.read(CHUNK_BYTES):
                 size += len(chunk)
+                if size > room:
+                    raise PayloadTooLarge(f"the file would take the tenant past its upload storage limit of "
+                                          f"{self.settings.max_file_bytes_per_tenant} bytes: delete some "
+                                          "uploads with DELETE /files/{id}, or ask the operator to raise "
+                                          "EFT_MAX_FILE_BYTES_PER_TENANT", param="file")
                 if size > limit:
                     raise PayloadTooLarge(f"the file exceeds the upload limit of {limit} bytes: "
                                           "split it, or ask the operator to raise EFT_MAX_UPLOAD_BYTES",

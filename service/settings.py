@@ -148,6 +148,16 @@ class Settings(BaseSettings):
     max_cpus_per_tenant: float = Field(256.0, gt=0, description="CPUs a tenant's active jobs may ask for.")
     max_gpus_per_tenant: float = Field(64.0, ge=0, description="GPUs a tenant's active jobs may ask for.")
     quota_retry_after_s: int = Field(30, ge=1, description="Retry-After of a 429 over quota.")
+    requests_per_s_per_tenant: float = Field(
+        50.0, gt=0, description="Sustained API requests per second a tenant may make (per replica); "
+        "past it, 429 with Retry-After."
+    )
+    request_burst_per_tenant: int = Field(200, ge=1, description="Requests a tenant may make at once "
+                                          "before the rate limit applies.")
+    max_files_per_tenant: int = Field(1000, ge=1, description="Uploads a tenant may keep.")
+    max_file_bytes_per_tenant: int = Field(
+        20 * 1024**3, ge=1, description="Bytes of uploads a tenant may keep (413 past it)."
+    )
 
     @property
     def resolved_database_url(self) -> str:

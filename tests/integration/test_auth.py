@@ -146,3 +146,34 @@ def test_the_client_reads_the_key_eft_up_writes(eft_home, monkeypatch):
     write_config(api_key="eft-stale")
     ensure_local_key(get_settings(), "http://127.0.0.1:8123")
     assert Client().api_key not in ("eft-stale", client.api_key)
+
+
+def test_a_tenant_over_its_request_rate_gets_429_and_slows_no_one_else(eft_home, monkeypatch):
+    """Each tenant has its own token bucket: a burst past it is 429 with Retry-After in the
+    error envelope, while another tenant's requests keep answering 200."""
+    from fastapi.testclient import TestClient
+
+    from eft.api.app import create_app
+    from eft.service.auth import KeyStore
+    from eft.service.jobs import JobService
+    from eft.service.launcher import RayJobsLauncher
+    from eft.service.settings import get_settings
+    from eft.service.store import Store
+
+    monkeypatch.setenv("EFT_REQUESTS_PER_S_PER_TENANT", "0.01")
+    monkeypatch.setenv("EFT_REQUEST_BURST_PER_TENANT", "5")
+    get_settings.cache_clear()
+    settings = get_settings()
+    store = Store(settings.resolved_database_url)
+    keys = KeyStore(store.engine)
+    noisy, quiet = (f"Bearer {keys.create(t)[1]}" for t in ("noisy", "quiet"))
+    with TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings))) as client:
+        codes = [client.get("/jobs", headers={"Authorization": noisy}).status_code for _ in range(8)]
+        assert codes == [200] * 5 + [429] * 3
+        limited = client.get("/jobs", headers={"Authorization": noisy})
+        error = limited.json()["error"]
+        assert error["type"] == "rate_limit_error" and error["code"] == "rate_limited"
+        assert int(limited.headers["retry-after"]) >= 1
+        assert client.get("/jobs", headers={"Authorization": quiet}).status_code == 200
+        assert client.get("/healthz").status_code == 200  # unauthenticated, never limited
+    store.close()

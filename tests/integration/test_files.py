@@ -194,3 +194,22 @@ def test_an_upload_a_job_still_uses_cannot_be_deleted(client):
     assert client.get(f"/files/{f['id']}/content").status_code == 200  # nothing was removed
     client.post(f"/jobs/{job['id']}/cancel")
     assert client.delete(f"/files/{f['id']}").status_code == 200
+
+
+def test_a_tenants_upload_storage_is_limited_in_count_and_bytes(client, other_tenant, eft_home):
+    settings = client.app.state.files.settings
+    client.app.state.files.settings = settings.model_copy(update={"max_files_per_tenant": 2,
+                                                                  "max_file_bytes_per_tenant": 1000})
+    small = _jsonl(CHAT)
+    assert [_upload(client, small).status_code for _ in range(2)] == [201, 201]
+    third = _upload(client, small)
+    assert third.status_code == 429 and third.json()["error"]["code"] == "quota_exceeded"
+    assert int(third.headers["retry-after"]) > 0
+    # Bytes: a file that would take the tenant past its storage is 413, and nothing is kept.
+    client.delete(f"/files/{client.get('/files').json()['data'][0]['id']}")
+    big = _upload(client, _jsonl(*[CHAT] * 20))
+    assert big.status_code == 413 and "EFT_MAX_FILE_BYTES_PER_TENANT" in big.json()["error"]["message"]
+    assert len(client.get("/files").json()["data"]) == 1
+    assert not list((eft_home / "files").glob(".upload-*"))
+    # Another tenant's storage is its own.
+    assert _upload(client, small, headers=other_tenant).status_code == 201

@@ -1,0 +1,47 @@
+"""Per-tenant request rate limits: one token bucket per tenant in each replica.
+
+Each authenticated request takes a token from its tenant's bucket, which refills at
+`EFT_REQUESTS_PER_S_PER_TENANT` and holds at most `EFT_REQUEST_BURST_PER_TENANT`; an empty
+bucket answers 429 with `Retry-After`, so a tenant that floods the API slows only itself. The
+buckets live in the replica (no shared state, nothing on the request path but a lock and
+arithmetic); with N replicas behind Serve's proxy a tenant gets up to N times the rate.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from eft.service.errors import ServiceError
+
+
+class RateLimited(ServiceError):
+    status_code = 429
+    type = "rate_limit_error"
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: float):
+        super().__init__(message, param=None)
+        self.headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
+
+
+class TenantRateLimiter:
+    def __init__(self, rate_per_s: float, burst: int):
+        self.rate, self.burst = rate_per_s, burst
+        self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, last refill)
+        self._lock = threading.Lock()
+
+    def take(self, tenant: str) -> None:
+        """Spend one request of `tenant`'s budget; raises RateLimited when there is none."""
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(tenant, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - last) * self.rate)
+            if tokens < 1.0:
+                self._buckets[tenant] = (tokens, now)
+                wait = (1.0 - tokens) / self.rate
+                raise RateLimited(f"tenant {tenant!r} is over {self.rate:g} requests/s (burst {self.burst}): "
+                                  f"retry after {wait:.1f}s, or ask the operator to raise "
+                                  "EFT_REQUESTS_PER_S_PER_TENANT", wait)
+            self._buckets[tenant] = (tokens - 1.0, now)
