@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from eft.types.files import DatasetReport, ValidateRequest
+from eft.service import isolation
 from eft.service.dataset_check import check_dataset
 from eft.service.errors import Problem, RequestInvalid
 from eft.service.files import FILE_ID, FileNotFound, FileRecord, FileStore
@@ -63,13 +64,19 @@ def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, 
                                     f"no file with id {req.validation_file!r}: see GET /files"))
     if problems:
         raise RequestInvalid(problems=problems)
+    if model_path is not None:
+        unavailable = tokenizer_problem(model_path)
+        if unavailable is not None:
+            raise RequestInvalid(problems=[unavailable])
+    # The whole read (and tokenisation) in a helper process: it takes seconds on a large file.
+    return isolation.run(check_dataset_with, Path(record.path), record.filename, model_path,
+                         max_problems=settings.max_validation_errors, max_seq_len=req.max_seq_len,
+                         other=other, other_name=other_name)
+
+
+def check_dataset_with(path: Path, name: str, model_path: str | None, **options: Any) -> DatasetReport:
+    """`check_dataset` with the model's tokenizer, if any, loaded (once) in this process."""
     if model_path is None:
-        return check_dataset(Path(record.path), record.filename, max_problems=settings.max_validation_errors,
-                             max_seq_len=req.max_seq_len, other=other, other_name=other_name)
-    unavailable = tokenizer_problem(model_path)
-    if unavailable is not None:
-        raise RequestInvalid(problems=[unavailable])
+        return check_dataset(path, name, **options)
     with request_tokenizer(model_path) as tokenizer:
-        return check_dataset(Path(record.path), record.filename,
-                             max_problems=settings.max_validation_errors, tokenizer=tokenizer,
-                             max_seq_len=req.max_seq_len, other=other, other_name=other_name)
+        return check_dataset(path, name, tokenizer=tokenizer, **options)

@@ -186,7 +186,10 @@ def scan_cached(path: Path, max_problems: int, columns: dict[str, str] | None = 
 @functools.lru_cache(maxsize=64)
 def _scan(path: str, _ino: int, _key: tuple[int, int, int], max_problems: int,
           columns: tuple[tuple[str, str], ...]) -> ScanResult:
-    return scan_jsonl(Path(path), max_problems, dict(columns))
+    from eft.service import isolation
+
+    # In a helper process: a scan of a large file must not hold this replica's interpreter.
+    return isolation.run(scan_jsonl, Path(path), max_problems, dict(columns))
 
 
 def _tokenizer_signature(model_path: str) -> tuple[tuple[str, int, int], ...]:
