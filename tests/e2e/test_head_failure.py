@@ -128,7 +128,8 @@ def test_the_job_resumes_after_the_whole_cluster_restarts(own_head, tmp_path):
     (home / "data").mkdir(parents=True)
     env = {"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": own_head.dashboard_url,
            "EFT_SCHEDULER_INTERVAL_S": "0.5", "EFT_WORKER_START_TIMEOUT_S": "20",
-           "EFT_ADMIN_API_KEY": use_admin_key()}
+           # A Ray Job the restarted head has never heard of counts as lost after 5 s here.
+           "EFT_DISPATCH_GRACE_S": "5", "EFT_ADMIN_API_KEY": use_admin_key()}
     own_head.start()
     url = own_head.deploy(env)
     job = _post(url, _body("head-restart", STEPS, workers=1, checkpoint={"every_steps": 20}))
