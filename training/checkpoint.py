@@ -88,7 +88,9 @@ def restore(directory: Path, strategy: Any) -> dict[str, Any]:
     """Load a checkpoint written by `save` into `strategy`, whatever the world size it was
     written at. Returns its trainer state (with "step")."""
     strategy.load_trainable_state(load_trainable(directory))
-    strategy.load_optimizer_state(torch.load(directory / OPTIMIZER_FILE, weights_only=False))
+    # weights_only: tensors and plain containers only. A checkpoint lives on shared storage; a
+    # file planted there must not run code in the job when it is read back.
+    strategy.load_optimizer_state(torch.load(directory / OPTIMIZER_FILE, weights_only=True))
     return read_state(directory)
 
 
