@@ -23,3 +23,13 @@ else
     "$VENV/bin/python" -m pip install --quiet "torch==$TORCH_VERSION"
 fi
 "$VENV/bin/python" -m pip install --quiet -c "$CONSTRAINTS" -e ".[$EXTRAS]"
+# DeepSpeed builds its CPU communication op the first time a ZeRO job starts (about 30 s, in the
+# job's first step). Build it here once, into torch's extension cache, so no job waits for it.
+# Skipped where there is a GPU (DeepSpeed uses NCCL there) or DeepSpeed is not installed.
+"$VENV/bin/python" - <<'PY' || echo "note: DeepSpeed's CPU communication op was not prebuilt; the first ZeRO job builds it"
+import importlib.util
+import torch
+if importlib.util.find_spec("deepspeed") and not torch.cuda.is_available():
+    from deepspeed.comm.torch import build_shm_op
+    build_shm_op()
+PY

@@ -106,6 +106,8 @@ def service(ray_cluster, tmp_path_factory):
         "EFT_PREEMPTION_POLL_INTERVAL_S": "0.5",
         "EFT_WORKER_START_TIMEOUT_S": "20",
         "EFT_DISPATCH_GRACE_S": "5",
+        # Every test calls as one tenant: let it run as many jobs at once as the cluster does.
+        "EFT_MAX_RUNNING_JOBS_PER_TENANT": "4",
         # The custom resource the spot-node tests label their nodes with.
         "EFT_ALLOWED_WORKER_RESOURCES": '["eft_test_spot"]',
         # The tests call as the deployment's bootstrap admin (tenant "default").

@@ -50,8 +50,7 @@ def test_every_family_trains_through_the_service_and_its_adapter_loads(service):
     # and one CPU worker under DDP starts without DeepSpeed's imports; the strategies have their
     # own tests, and FSDP is below.
     common = {"hyperparameters": {"max_steps": 2, "global_batch_size": 2, "micro_batch_size": 2,
-                                  "max_seq_len": 128, "learning_rate": 1e-2},
-              "checkpoint": {"every_steps": 1}}
+                                  "max_seq_len": 128, "learning_rate": 1e-2}}
     jobs = {}
     for family in sorted(FAMILIES):
         data_file = "families-chat.jsonl" if FAMILIES[family].get("chat_template") else "families-text.jsonl"
@@ -60,7 +59,7 @@ def test_every_family_trains_through_the_service_and_its_adapter_loads(service):
     # Full fine-tuning under FSDP of a tied-embedding model: checkpoints hold the shared weight once.
     full = as_json(client(url).jobs.create({
         "model": model_name("qwen2.5"), "training_file": "families-chat.jsonl", "method": {"type": "full"},
-        "strategy": "fsdp", **common}))["id"]
+        "strategy": "fsdp", "checkpoint": {"every_steps": 1}, **common}))["id"]
     done = {family: wait_for(job_id, url, {"succeeded"}) for family, job_id in jobs.items()}
     for family, job in done.items():
         assert job["step"] == 2, family

@@ -31,7 +31,7 @@ RAY = str(Path(sys.executable).with_name("ray"))
 # This cluster's processes and clients: no stale RAY_ADDRESS, and no token auth (the token a new
 # head generates is not where the separate deploy process would look for it).
 CLUSTER_ENV = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_AUTH_MODE": "disabled"}
-STEPS = 160
+STEPS = 80
 DEPLOY = """
 import json, sys, ray
 from eft.api.local import deploy_app

@@ -114,7 +114,7 @@ def _worker_pids(dashboard_url: str) -> list[int]:
     return [a.pid for a in actors if a.pid]
 
 
-STEPS = 240
+STEPS = 160
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,8 @@ and publishing the artifact), with real Ray Train workers (gloo on CPU) on the b
 Llama in fp32. Each strategy trains once; agreement, resume and world-size changes are checked
 on those same runs:
 
-- ddp trains 6 steps uninterrupted (the reference), and again as 3 steps plus a resumed 3 at the
-  same world size: the same run.
-- zero1 trains 6 steps on 2 workers.
+- ddp trains 6 steps uninterrupted (the reference).
+- zero1 trains 3 steps on 2 workers and resumes them on 2: the same run as ddp's.
 - fsdp, zero2 and zero3 train 3 steps on 2 workers and resume on 1: their checkpoints hold
   consolidated trainable and optimizer state, so the result still agrees with ddp's.
 
@@ -117,7 +116,7 @@ def train(ray_cluster, tmp_path_factory):
 
 
 #: strategy -> the workers its second half resumes on (None: trains 6 steps uninterrupted).
-MATRIX = {"ddp": None, "zero1": None, "fsdp": 1, "zero2": 1, "zero3": 1}
+MATRIX = {"ddp": None, "zero1": 2, "fsdp": 1, "zero2": 1, "zero3": 1}
 
 
 def _losses(runs: tuple[Run, ...]) -> dict[int, float]:
@@ -147,24 +146,24 @@ def test_strategy_matches_ddp(strategy, train):
     runs = train(strategy, MATRIX[strategy])
     _assert_agrees(runs[-1].weights, reference.weights)
     losses = _losses(runs)
-    # The first 3 steps run on 2 workers as ddp's did; a resumed second half on 1 worker sums
-    # in another order.
+    # The first 3 steps run on 2 workers as ddp's did; a resumed second half (on 1 worker, but
+    # for zero1) sums in another order.
     assert [losses[s] for s in (1, 2, 3)] == pytest.approx([reference.losses[s] for s in (1, 2, 3)], rel=1e-5)
     assert [losses[s] for s in (4, 5, 6)] == pytest.approx([reference.losses[s] for s in (4, 5, 6)], rel=1e-4)
 
 
 def test_resume_at_the_same_size_continues_the_same_run(train):
-    """ddp stopped after 3 steps and started again under the same run name: Ray Train resumes
-    from the checkpoint, steps 1-3 are not redone, and the result is the uninterrupted run's."""
+    """zero1 stopped after 3 steps and started again under the same run name on as many
+    workers: Ray Train resumes from the checkpoint, steps 1-3 are not redone, nothing is lost,
+    and the result is ddp's uninterrupted run."""
     (whole,) = train("ddp")
-    first, rest = train("ddp", resume_workers=2)
+    first, rest = train("zero1", 2)
     assert sorted(first.losses) == [1, 2, 3] and sorted(rest.losses) == [4, 5, 6]
+    assert rest.world_sizes == {2}
     resumed = [e.data for e in rest.events if e.type == "resumed"]
     assert [(r["step"], r["world_size"], r["checkpoint_reason"], r["lost_steps"]) for r in resumed] == [
         (3, 2, "final", 0)]
-    for name, tensor in whole.weights.items():
-        torch.testing.assert_close(rest.weights[name], tensor, rtol=1e-3, atol=1e-4)
-    assert _losses((first, rest)) == pytest.approx(whole.losses, rel=1e-5)
+    _assert_agrees(rest.weights, whole.weights)
 
 
 @pytest.mark.parametrize("strategy", [s for s, workers in MATRIX.items() if workers == 1])
@@ -180,8 +179,8 @@ def test_resume_at_another_world_size(strategy, train):
 #: Options, each trained once with the strategy they concern; several share a run where they
 #: combine in practice.
 OPTIONS = {
-    "ddp-gradient-checkpointing-eager-attention": ("ddp", {"gradient_checkpointing": True, "attention": "eager"}),
-    "ddp-bf16": ("ddp", {"precision": "bf16"}),
+    "ddp-bf16-gradient-checkpointing-eager-attention": ("ddp", {"precision": "bf16", "gradient_checkpointing": True,
+                                                                "attention": "eager"}),
     "ddp-fp16-loss-scaling": ("ddp", {"precision": "fp16"}),
     "fsdp-bf16-offload": ("fsdp", {"precision": "bf16", "offload": "optimizer+params"}),
     "zero2-bf16-offload-optimizer": ("zero2", {"precision": "bf16", "offload": "optimizer"}),
