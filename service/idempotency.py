@@ -5,12 +5,16 @@ The first request claims the key by inserting its row (the primary key makes con
 race in the database, on SQLite and PostgreSQL alike), creates the resource, then records its id.
 A concurrent repeat waits for that id, so retries racing each other make one job, not two. A
 claim whose request failed is released, so a corrected retry with the same key can succeed.
+While its request runs, the claim's time is renewed every HEARTBEAT_S: only a claim nobody has
+renewed for ABANDONED_AFTER_S (its request died half-way) is taken over, never one whose request
+is merely slow.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -22,8 +26,10 @@ from eft.service.errors import Conflict
 from eft.service.schema import idempotency_keys as table
 from eft.service.store import _aware, utcnow
 
-#: A claim older than this with no resource is from a request that died half-way.
-ABANDONED_AFTER_S = 120.0
+#: A claim not renewed for this long, with no resource, is from a request that died half-way.
+ABANDONED_AFTER_S = 60.0
+#: How often a running request renews its claim.
+HEARTBEAT_S = 5.0
 
 
 def request_digest(body: Any) -> str:
@@ -85,15 +91,31 @@ class Idempotency:
         return True
 
     def _create_claimed(self, tenant: str, key: str, create: Callable[[], str]) -> str:
+        done = threading.Event()
+        heartbeat = threading.Thread(target=self._renew, args=(tenant, key, done), daemon=True)
+        heartbeat.start()
         try:
             resource_id = create()
         except BaseException:
             self._release(tenant, key)
             raise
+        finally:
+            done.set()
+            heartbeat.join()
         with self.engine.begin() as conn:
             conn.execute(table.update().where(table.c.tenant == tenant, table.c.key == key)
                          .values(resource_id=resource_id))
         return resource_id
+
+    def _renew(self, tenant: str, key: str, done: threading.Event) -> None:
+        """Keep the claim fresh until `done`: a repeat never mistakes a slow request for a dead one."""
+        while not done.wait(HEARTBEAT_S):
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(table.update().where(table.c.tenant == tenant, table.c.key == key,
+                                                      table.c.resource_id.is_(None)).values(created_at=utcnow()))
+            except sa.exc.SQLAlchemyError:
+                continue  # the next beat tries again; a claim lapses only after many misses
 
     def _release(self, tenant: str, key: str) -> None:
         with self.engine.begin() as conn:

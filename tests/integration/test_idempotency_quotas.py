@@ -118,3 +118,39 @@ def test_twenty_concurrent_creates_pass_a_limit_of_two_exactly_twice(service):
         codes = sorted(r.status_code for r in pool.map(post, range(20)))
     assert codes == [201] * 2 + [429] * 18, codes
     assert len(store.list_jobs(limit=100)[0]) == 2
+
+
+def test_a_slow_request_keeps_its_idempotency_claim(eft_home, monkeypatch):
+    """A create that takes longer than the abandon time renews its claim while it runs: a
+    repeat with the same key waits for it and gets its job, instead of creating a second."""
+    import threading
+
+    from eft.service import idempotency
+    from eft.service.settings import get_settings
+
+    monkeypatch.setattr(idempotency, "ABANDONED_AFTER_S", 0.5)
+    monkeypatch.setattr(idempotency, "HEARTBEAT_S", 0.05)
+    store = Store(get_settings().resolved_database_url)
+    keys = idempotency.Idempotency(store.engine, wait_s=30)
+    release, made = threading.Event(), []
+
+    def slow_create():
+        release.wait(timeout=30)  # slower than ABANDONED_AFTER_S
+        made.append("job-1")
+        return "job-1"
+
+    first = threading.Thread(target=lambda: made.append(keys.run("t", "k", "POST /jobs", "d", slow_create)))
+    first.start()
+    while keys._row("t", "k") is None:
+        pass  # the first request has claimed the key
+    repeat: list = []
+    second = threading.Thread(target=lambda: repeat.append(
+        keys.run("t", "k", "POST /jobs", "d", lambda: made.append("job-2") or "job-2")))
+    second.start()
+    second.join(timeout=1.5)  # three abandon times pass while the first request still runs
+    assert second.is_alive(), f"the repeat did not wait: {repeat}"
+    release.set()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    assert repeat == [("job-1", False)] and "job-2" not in made
+    store.close()
