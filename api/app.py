@@ -31,6 +31,7 @@ from eft.service.auth import KeyStore
 from eft.service.errors import Problem, RequestInvalid, ServiceError
 from eft.service.file_checks import owned_inputs
 from eft.service.jobs import JobService
+from eft.service.logs import LogStreams
 from eft.service.ratelimit import TenantRateLimiter
 from eft.service.settings import Settings
 from eft.service.validation import check_raw_inputs
@@ -149,6 +150,7 @@ def create_app(job_service: JobService) -> FastAPI:
     app.state.keys = KeyStore(job_service.store.engine, settings.admin_api_key, settings.admin_tenant)
     app.state.files = job_service.files
     app.state.rate_limiter = TenantRateLimiter(settings.requests_per_s_per_tenant, settings.request_burst_per_tenant)
+    app.state.log_streams = LogStreams(settings.log_streams_per_tenant, settings.log_stream_max_s)
 
     @app.middleware("http")
     async def request_id(request: Request, call_next):  # noqa: ANN001, ANN202

@@ -102,9 +102,11 @@ class Jobs:
         return self._client._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
                                      params={"after": after, "limit": limit})
 
-    def metrics(self, job_id: str) -> JobMetricList:
-        """Return the job's reported training metrics, oldest step first."""
-        return self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList)
+    def metrics(self, job_id: str, *, after_step: int | None = None, limit: int | None = None) -> JobMetricList:
+        """Return the job's reported training metrics, oldest step first (a page of at most
+        `limit` steps after `after_step`; `has_more` says whether more follow)."""
+        params = {k: v for k, v in {"after_step": after_step, "limit": limit}.items() if v is not None}
+        return self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList, params=params or None)
 
     def checkpoints(self, job_id: str) -> JobCheckpointList:
         """Return every checkpoint the job saved, oldest first (`available` once pruned: False)."""
@@ -189,8 +191,9 @@ class AsyncJobs:
         return await self._client._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
                                            params={"after": after, "limit": limit})
 
-    async def metrics(self, job_id: str) -> JobMetricList:
-        return await self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList)
+    async def metrics(self, job_id: str, *, after_step: int | None = None, limit: int | None = None) -> JobMetricList:
+        params = {k: v for k, v in {"after_step": after_step, "limit": limit}.items() if v is not None}
+        return await self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList, params=params or None)
 
     async def checkpoints(self, job_id: str) -> JobCheckpointList:
         return await self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)

@@ -160,9 +160,11 @@ class JobService:
             has_more=has_more,
         )
 
-    def metrics(self, job_id: str, tenant: str) -> JobMetricList:
+    def metrics(self, job_id: str, tenant: str, after_step: int | None = None,
+                limit: int = 10_000) -> JobMetricList:
         self.store.get_job(job_id, tenant)
-        return JobMetricList(data=[JobMetric(**m) for m in self.store.list_metrics(job_id)])
+        rows = self.store.list_metrics(job_id, after_step=after_step, limit=limit + 1)
+        return JobMetricList(data=[JobMetric(**m) for m in rows[:limit]], has_more=len(rows) > limit)
 
     def checkpoints(self, job_id: str, tenant: str) -> list[dict[str, Any]]:
         self.store.get_job(job_id, tenant)

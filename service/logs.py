@@ -20,6 +20,40 @@ from eft.service.store import Store
 WAIT_POLL_S = 1.0
 
 
+class LogStreams:
+    """Open log streams per tenant in this replica: at most `per_tenant` at once (one more is a
+    429), each open for at most `max_seconds` (then an `end` event with `"reason":
+    "stream_time_limit"`; reconnect with `Last-Event-ID` to go on). One tenant's followers can
+    then hold neither the replica's connections nor its event loop for ever."""
+
+    def __init__(self, per_tenant: int, max_seconds: float):
+        self.per_tenant, self.max_seconds = per_tenant, max_seconds
+        self.open: dict[str, int] = {}
+
+    def bounded(self, tenant: str, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        """`events`, counted against `tenant` and cut at the time limit. Raises RateLimited
+        (before any byte is sent) when the tenant already holds its streams."""
+        from eft.service.ratelimit import RateLimited
+
+        if self.open.get(tenant, 0) >= self.per_tenant:
+            raise RateLimited(f"tenant {tenant!r} already follows {self.per_tenant} log streams on this "
+                              "server: close one, or read the logs without follow=true", 5)
+        self.open[tenant] = self.open.get(tenant, 0) + 1
+        return self._counted(tenant, events)
+
+    async def _counted(self, tenant: str, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_seconds
+        try:
+            async for event in events:
+                yield event
+                if loop.time() > deadline:
+                    yield {"event": "end", "data": json.dumps({"reason": "stream_time_limit"})}
+                    return
+        finally:
+            self.open[tenant] -= 1
+
+
 def parse_event_id(value: str | None) -> tuple[int, int] | None:
     """(attempt, line) of a `Last-Event-ID` this stream sent (`<attempt>:<line>`), else None."""
     attempt, _, line = (value or "").partition(":")

@@ -154,6 +154,10 @@ class Settings(BaseSettings):
     )
     request_burst_per_tenant: int = Field(200, ge=1, description="Requests a tenant may make at once "
                                           "before the rate limit applies.")
+    log_streams_per_tenant: int = Field(8, ge=1, description="Log streams (follow=true) a tenant may "
+                                        "hold open at once on one replica.")
+    log_stream_max_s: float = Field(3600.0, gt=0, description="How long one log stream stays open "
+                                    "before it ends (the client reconnects with Last-Event-ID).")
     max_files_per_tenant: int = Field(1000, ge=1, description="Uploads a tenant may keep.")
     max_file_bytes_per_tenant: int = Field(
         20 * 1024**3, ge=1, description="Bytes of uploads a tenant may keep (413 past it)."

@@ -404,16 +404,23 @@ class Store:
             )
         return True
 
-    def list_metrics(self, job_id: str) -> list[dict[str, Any]]:
-        """Returns one row per step, oldest first. Reports of one step are merged, later ones
-        winning, so a step re-run by a later attempt shows that attempt's values."""
-        query = (
-            job_metrics.select()
-            .where(job_metrics.c.job_id == job_id)
-            .order_by(job_metrics.c.id.asc())
-        )
+    def list_metrics(self, job_id: str, *, after_step: int | None = None,
+                     limit: int | None = None) -> list[dict[str, Any]]:
+        """One row per step, oldest first: the steps after `after_step`, at most `limit` of them
+        (read from the database as such, so a long job's page costs what the page holds).
+        Reports of one step are merged, later ones winning, so a step re-run by a later
+        attempt shows that attempt's values."""
+        where = [job_metrics.c.job_id == job_id]
+        if after_step is not None:
+            where.append(job_metrics.c.step > after_step)
         with self.engine.connect() as conn:
-            rows = conn.execute(query).all()
+            if limit is not None:
+                steps = sa.select(job_metrics.c.step).where(*where).distinct().order_by(job_metrics.c.step).limit(limit)
+                last = conn.execute(sa.select(sa.func.max(steps.subquery().c.step))).scalar()
+                if last is None:
+                    return []
+                where.append(job_metrics.c.step <= last)
+            rows = conn.execute(job_metrics.select().where(*where).order_by(job_metrics.c.id.asc())).all()
         by_step: dict[int, dict[str, Any]] = {}
         for r in rows:
             merged = {**by_step.get(r.step, {}).get("values", {}), **r.values}

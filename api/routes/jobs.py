@@ -72,8 +72,16 @@ def list_events(
 
 
 @router.get("/{job_id}/metrics", response_model=JobMetricList)
-def list_metrics(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> JobMetricList:
-    return service.metrics(job_id, tenant)
+def list_metrics(
+    job_id: str,
+    service: JobServiceDep,
+    tenant: CurrentTenant,
+    after_step: Annotated[int | None, Query(ge=0, description="Steps after this one.")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+) -> JobMetricList:
+    """One row per step, oldest first, at most `limit`; with `has_more`, pass the last row's
+    `step` as `after_step` for the next page."""
+    return service.metrics(job_id, tenant, after_step, limit)
 
 
 @router.get("/{job_id}/checkpoints", response_model=JobCheckpointList)

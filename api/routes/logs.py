@@ -6,17 +6,18 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from sse_starlette import EventSourceResponse
 
 from eft.api.deps import CurrentTenant, JobServiceDep
-from eft.service.logs import JobLogs
+from eft.service.logs import JobLogs, LogStreams
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 @router.get("/{job_id}/logs", response_model=None)
 async def job_logs(
+    request: Request,
     job_id: str,
     service: JobServiceDep,
     tenant: CurrentTenant,
@@ -33,4 +34,6 @@ async def job_logs(
     if not follow:
         return await asyncio.to_thread(logs.text, job_id, tenant, attempt, tail)
     events = await logs.follow(job_id, tenant, attempt, last_event_id)
-    return EventSourceResponse(events, ping=15, headers={"X-Accel-Buffering": "no"})
+    streams: LogStreams = request.app.state.log_streams
+    return EventSourceResponse(streams.bounded(request.state.tenant, events), ping=15,
+                               headers={"X-Accel-Buffering": "no"})

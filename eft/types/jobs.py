@@ -373,6 +373,7 @@ class JobMetric(_Response):
 class JobMetricList(ListResponse):
     object: Literal["list"] = "list"
     data: list[JobMetric]
+    has_more: bool = False
 
 
 class JobCheckpoint(_Response):

@@ -98,3 +98,38 @@ def test_latest_metric_values_takes_each_jobs_newest_row(database_url):
         assert store.latest_metric_values([]) == {}
     finally:
         store.close()
+
+
+def test_log_streams_are_bounded_per_tenant_and_in_time(client, eft_home):
+    """A tenant holds at most EFT_LOG_STREAMS_PER_TENANT streams (one more is a 429), and a
+    stream ends with `stream_time_limit` after EFT_LOG_STREAM_MAX_S."""
+    from eft.service.logs import LogStreams
+
+    client.app.state.log_streams = LogStreams(per_tenant=1, max_seconds=0.5)
+    job = _create(client, eft_home)  # never dispatched here: its stream waits for a Ray Job
+    with client.stream("GET", f"/jobs/{job['id']}/logs", params={"follow": "true"}) as first:
+        assert first.status_code == 200
+        lines = first.iter_lines()
+        assert next(lines).startswith(":")  # the first keep-alive: the stream is open
+        second = client.get(f"/jobs/{job['id']}/logs", params={"follow": "true"})
+        assert second.status_code == 429 and second.json()["error"]["code"] == "rate_limited"
+        rest = list(lines)
+    assert any('"stream_time_limit"' in line for line in rest), rest
+    # The ended stream gave its place back.
+    with client.stream("GET", f"/jobs/{job['id']}/logs", params={"follow": "true"}) as again:
+        assert again.status_code == 200
+
+
+def test_metrics_come_in_pages_of_steps(service):
+    client, store, _ = service
+    from eft.types.jobs import JobStatus
+
+    job = store.create_job(tenant="default", request={"model": "tiny-llama", "training_file": "t.jsonl"})
+    store.transition(job.id, JobStatus.queued, "validated")
+    store.transition(job.id, JobStatus.running, "dispatched", attempt=1)
+    for step in range(1, 6):
+        store.record_metrics(job.id, 1, step, {"loss": 1.0 / step})
+    page = client.get(f"/jobs/{job.id}/metrics", params={"limit": 2}).json()
+    assert [m["step"] for m in page["data"]] == [1, 2] and page["has_more"]
+    rest = client.get(f"/jobs/{job.id}/metrics", params={"limit": 10, "after_step": 2}).json()
+    assert [m["step"] for m in rest["data"]] == [3, 4, 5] and not rest["has_more"]

@@ -108,3 +108,17 @@ def test_store_survives_restart_with_jobs_and_events(database_url):
     assert [e.type for e in second.list_events(job.id)[0]] == ["created", "queued"]
     assert second.list_metrics(job.id)[0]["values"] == {"loss": 1.0}
     second.close()
+
+
+def test_metrics_page_by_step_reading_only_the_page(store):
+    job = store.create_job(tenant="t", request=REQUEST)
+    store.transition(job.id, JobStatus.queued, "validated")
+    store.transition(job.id, JobStatus.running, "dispatched", attempt=1)
+    for step in range(1, 8):
+        store.record_metrics(job.id, 1, step, {"loss": 10.0 - step})
+    store.record_metrics(job.id, 1, 3, {"eval_loss": 1.0})  # a later report of step 3
+    first = store.list_metrics(job.id, limit=3)
+    assert [m["step"] for m in first] == [1, 2, 3] and first[2]["values"] == {"loss": 7.0, "eval_loss": 1.0}
+    assert [m["step"] for m in store.list_metrics(job.id, after_step=3, limit=3)] == [4, 5, 6]
+    assert [m["step"] for m in store.list_metrics(job.id, after_step=6, limit=3)] == [7]
+    assert store.list_metrics(job.id, after_step=7, limit=3) == []
