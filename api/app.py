@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
-from eft.api.deps import JobServiceDep, get_principal
-from eft.types.jobs import ErrorResponse, Health
+from eft.api.deps import CurrentPrincipal, JobServiceDep, get_principal
+from eft.types.jobs import Caller, ErrorResponse, Health
 from eft.api.routes import files, jobs, openai, plan
 from eft.api.routes import logs as logs_routes
 from eft.api.routes import manifest as manifest_routes
@@ -181,6 +181,12 @@ def create_app(job_service: JobService) -> FastAPI:
     app.include_router(logs_routes.router, responses=ERROR_RESPONSES)
     app.include_router(manifest_routes.router, responses=ERROR_RESPONSES)
     ui_routes.install(app)
+
+    @app.get("/me", response_model=Caller, tags=["auth"], responses=ERROR_RESPONSES)
+    def me(principal: CurrentPrincipal) -> Caller:
+        """The caller's tenant and role; Ray's dashboard address for admins only."""
+        return Caller(tenant=principal.tenant, role=principal.role,
+                      ray_dashboard_url=settings.ray_dashboard_url if principal.is_admin else None)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(service: JobServiceDep) -> Health:

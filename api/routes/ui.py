@@ -26,9 +26,9 @@ _PAGE = """<!doctype html>
 <title>{title} - eft</title>
 <link rel="stylesheet" href="/ui/static/vendor/uplot/uPlot.min.css">
 <link rel="stylesheet" href="/ui/static/ui.css">
-</head><body data-page="{page}" data-job-id="{job_id}" data-ray-dashboard="{dashboard}">
+</head><body data-page="{page}" data-job-id="{job_id}">
 <header><a class="brand" href="/ui">eft</a> <span>elastic fine-tuning on Ray</span>
-<nav><a href="/ui">Jobs</a> <a href="/ui/new">Submit</a> <a href="{dashboard}" target="_blank" rel="noopener">Ray dashboard</a>
+<nav><a href="/ui">Jobs</a> <a href="/ui/new">Submit</a> <span id="admin-links"></span>
 <label>API key <input id="api-key" type="password" autocomplete="off" placeholder="none"></label></nav></header>
 <main>{body}</main>
 <script src="/ui/static/vendor/uplot/uPlot.iife.min.js"></script>
@@ -70,9 +70,10 @@ _NEW = """<h1>Submit a job</h1><p id="error" class="error" hidden></p>
 
 
 def _render(service: JobServiceDep, page: str, title: str, body: str, job_id: str = "") -> HTMLResponse:
-    dashboard = html.escape(service.settings.ray_dashboard_url, quote=True)
+    # No link to Ray's dashboard in the page itself: the script asks GET /me, which names the
+    # dashboard to admins only (its Jobs API runs arbitrary code; it is not for tenants).
     return HTMLResponse(_PAGE.format(title=html.escape(title), page=page, job_id=html.escape(job_id, quote=True),
-                                     dashboard=dashboard, body=body))
+                                     body=body))
 
 
 @router.get("", response_class=HTMLResponse)

@@ -140,8 +140,19 @@ function drawMetrics(points) {
   document.getElementById("loss-chart").dataset.points = String(drawn);
 }
 
+// Ray's dashboard, for admins only (GET /me names it to them; null for everyone else).
+let dashboard = null;
+
+async function setupAdminLinks() {
+  try {
+    dashboard = (await api("/me")).ray_dashboard_url;
+  } catch (error) {
+    dashboard = null;
+  }
+  if (dashboard) document.getElementById("admin-links").replaceChildren(link(dashboard, "Ray dashboard"));
+}
+
 function drawSummary(job, latest) {
-  const dashboard = document.body.dataset.rayDashboard;
   const items = [
     ["Name", job.name], ["Status", job.status], ["Progress", progressBar(job)], ["ETA", eta(job)],
     ["Model", job.model], ["Method", job.method && job.method.type], ["Strategy", (job.resolved || {}).strategy || job.strategy],
@@ -151,7 +162,7 @@ function drawSummary(job, latest) {
     ["Learning rate", latest.learning_rate && latest.learning_rate.toExponential(3)],
     ["Tokens/s", latest.tokens_per_s && Math.round(latest.tokens_per_s)],
     ["Error", job.error && `${job.error.code}: ${job.error.message}`], ["Artifact", job.artifact_path],
-    ["Ray dashboard", job.ray_submission_id
+    ["Ray dashboard", job.ray_submission_id && dashboard
       ? link(`${dashboard}/#/jobs/${encodeURIComponent(job.ray_submission_id)}`, job.ray_submission_id) : null],
   ];
   const list = document.getElementById("summary");
@@ -241,7 +252,8 @@ async function poll(refresh) {
 }
 
 setupKeyField();
+const adminLinks = setupAdminLinks();
 const page = document.body.dataset.page;
 if (page === "list") poll(async () => { await refreshList(); return false; });
-if (page === "job") poll(() => refreshJob(document.body.dataset.jobId));
+if (page === "job") adminLinks.then(() => poll(() => refreshJob(document.body.dataset.jobId)));
 if (page === "new") setupForm();

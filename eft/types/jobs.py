@@ -394,6 +394,16 @@ class JobCheckpointList(ListResponse):
     data: list[JobCheckpoint]
 
 
+class Caller(_Response):
+    """Who the key belongs to (`GET /me`)."""
+
+    tenant: str
+    role: str
+    ray_dashboard_url: str | None = Field(
+        None, description="Ray's dashboard, named to admins only: its Jobs API runs arbitrary code."
+    )
+
+
 class Health(_Response):
     status: Literal["ok", "degraded"]
     version: str

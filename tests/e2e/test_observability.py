@@ -186,6 +186,8 @@ def test_ui_renders_the_job_list_and_a_job_page_with_a_chart(watched_job):
     assert points == job["total_steps"] and f'data-points="{points}"' in page
     assert page.count("<canvas") >= 2 and 'data-status="succeeded"' in page
     assert f'"job_id": "{job["id"]}"' in page  # the manifest was rendered
+    # An admin's page links to Ray's dashboard (GET /me names it to admins only).
+    assert "Ray dashboard" in page and "/#/jobs/" in page
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "ui-job.png"
     _chromium(f"--screenshot={shot}", page_url)

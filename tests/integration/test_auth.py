@@ -177,3 +177,28 @@ def test_a_tenant_over_its_request_rate_gets_429_and_slows_no_one_else(eft_home,
         assert client.get("/jobs", headers={"Authorization": quiet}).status_code == 200
         assert client.get("/healthz").status_code == 200  # unauthenticated, never limited
     store.close()
+
+
+def test_only_admins_are_told_where_rays_dashboard_is(eft_home, monkeypatch):
+    """Ray's dashboard runs arbitrary code through its Jobs API: the UI's pages do not name it,
+    and `GET /me` gives its address to admins only."""
+    from fastapi.testclient import TestClient
+
+    from eft.api.app import create_app
+    from eft.service.jobs import JobService
+    from eft.service.launcher import RayJobsLauncher
+
+    monkeypatch.setenv("EFT_RAY_DASHBOARD_URL", "http://10.1.2.3:8265")
+    get_settings.cache_clear()
+    settings = get_settings()
+    store = Store(settings.resolved_database_url)
+    keys = KeyStore(store.engine)
+    user, admin = (f"Bearer {keys.create('team-a', role)[1]}" for role in ("user", "admin"))
+    with TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings))) as client:
+        mine = client.get("/me", headers={"Authorization": user}).json()
+        assert mine["tenant"] == "team-a" and mine["role"] == "user" and mine["ray_dashboard_url"] is None
+        assert client.get("/me", headers={"Authorization": admin}).json()["ray_dashboard_url"] == "http://10.1.2.3:8265"
+        for page in ("/ui", "/ui/new", "/ui/jobs/ftjob-x"):
+            assert "10.1.2.3" not in client.get(page).text, page
+        assert client.get("/me").status_code == 401
+    store.close()
