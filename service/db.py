@@ -3,7 +3,9 @@
 PostgreSQL connections are pooled (sizes from `EFT_DB_POOL_SIZE`, `EFT_DB_MAX_OVERFLOW`,
 `EFT_DB_POOL_RECYCLE_S`) and pinged at checkout, so a connection the server or a proxy closed
 is replaced before use. A statement that still loses its connection (the database fails over
-mid-call) is retried on a fresh one by `retry_on_disconnect`.
+mid-call) is retried on a fresh one by `retry_on_disconnect`, when repeating it is safe: reads,
+compare-and-set updates and plain updates are; inserts and increments (`once`) are not, since
+the lost connection may have committed them.
 """
 
 from __future__ import annotations
@@ -84,9 +86,18 @@ def retrying(fn: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+def once(fn: Callable[..., T]) -> Callable[..., T]:
+    """Mark a method that must not be retried on a lost connection: an insert or an increment
+    whose commit may have landed before the connection dropped (a retry would write it twice).
+    Its caller hears the error and decides."""
+    fn.__eft_once__ = True  # type: ignore[attr-defined]
+    return fn
+
+
 def retry_on_disconnect(cls: type) -> type:
-    """Class decorator: every public method of `cls` retries on a lost connection."""
+    """Class decorator: every public method of `cls` retries on a lost connection, except those
+    marked `once` (not safe to repeat)."""
     for name, member in list(vars(cls).items()):
-        if callable(member) and not name.startswith("_"):
+        if callable(member) and not name.startswith("_") and not getattr(member, "__eft_once__", False):
             setattr(cls, name, retrying(member))
     return cls

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from eft.types.jobs import JobStatus
 from eft.service import lifecycle
 from eft.training import storage
-from eft.service.db import make_engine, retry_on_disconnect
+from eft.service.db import make_engine, once, retry_on_disconnect
 from eft.service.errors import Conflict, JobNotFound
 # The tables live in service/schema.py; they are named here too, as the store's own.
 from eft.service.schema import checkpoints, job_events, job_metrics, jobs, metadata  # noqa: F401
@@ -139,6 +139,7 @@ class Store:
 
     # --- jobs ------------------------------------------------------------------------------
 
+    @once
     def create_job(
         self,
         *,
@@ -229,6 +230,7 @@ class Store:
         with self.engine.connect() as conn:
             return [t for (t,) in conn.execute(query).all()]
 
+    @once
     def claim(self, job: JobRecord, *, submission_id: str, max_running: int, max_per_tenant: int,
               active: Iterable[JobStatus], message: str, **values: Any) -> JobRecord | None:
         """queued -> running as the job's next attempt, with its Ray submission id, only while
@@ -323,6 +325,7 @@ class Store:
             result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
         return result.rowcount == 1
 
+    @once
     def add_counts(self, job_id: str, *, attempt: int | None = None, **deltas: int) -> bool:
         """Add to the recovery counters (restarts, preemptions, resizes, lost_steps); with
         `attempt`, only while the job is on that attempt. Returns False when fenced off."""
@@ -352,6 +355,7 @@ class Store:
             )
         )
 
+    @once
     def append_event(
         self,
         job_id: str,
@@ -391,6 +395,7 @@ class Store:
         ]
         return events, len(rows) > limit
 
+    @once
     def record_metrics(self, job_id: str, attempt: int, step: int, values: dict[str, float]) -> bool:
         """Store one step's metrics of `attempt`; False (nothing stored) when the job has moved
         on to another attempt."""
@@ -438,6 +443,7 @@ class Store:
         with self.engine.connect() as conn:
             return {job_id: dict(values or {}) for job_id, values in conn.execute(query).all()}
 
+    @once
     def record_checkpoint(
         self, job_id: str, attempt: int, step: int, path: str, metrics: dict[str, Any], *,
         world_size: int | None = None, reason: str | None = None, size_bytes: int | None = None,

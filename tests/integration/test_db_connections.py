@@ -53,3 +53,41 @@ def test_a_dropped_connection_is_retried_and_other_errors_are_not():
     with pytest.raises(sa.exc.IntegrityError):
         retrying(lambda: calls.append(1) or integrity_error())()
     assert calls == [1]
+
+
+def test_only_writes_that_are_safe_to_repeat_are_retried(tmp_path, monkeypatch):
+    """A read or a compare-and-set is retried on a lost connection; an insert or increment,
+    whose commit may have landed before the connection dropped, is not (no duplicate events,
+    metrics or counters)."""
+    store = Store(f"sqlite:///{tmp_path / 'jobs.db'}")
+    job = store.create_job(tenant="t", request={"model": "m"})
+    connect, calls = store.engine.connect, []
+
+    def dropping():
+        calls.append(1)
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection"),
+                                          connection_invalidated=True)
+        return connect()
+
+    monkeypatch.setattr(store.engine, "connect", dropping)
+    monkeypatch.setattr(store.engine, "begin", lambda: _begin(dropping))
+    assert store.get_job(job.id).id == job.id and len(calls) == 2  # read: retried
+    calls.clear()
+    with pytest.raises(sa.exc.OperationalError):
+        store.append_event(job.id, "note", "once", attempt=0)
+    assert len(calls) == 1  # insert: not retried
+    monkeypatch.undo()
+    assert [e.type for e in store.list_events(job.id)[0]] == ["created"]
+    store.close()
+
+
+def _begin(connect):
+    import contextlib
+
+    @contextlib.contextmanager
+    def begin():
+        with connect() as conn, conn.begin():
+            yield conn
+
+    return begin()
