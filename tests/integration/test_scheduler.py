@@ -433,3 +433,38 @@ def test_a_cancel_during_a_failed_submit_ends_cancelled(store):
     scheduler.tick()
     assert store.get_job(job.id).status is JobStatus.cancelled
     assert f"{job.id}-attempt-1" in launcher.stopped
+
+
+def test_a_replica_crashing_in_the_middle_of_a_cancel_leaves_nothing_running(store):
+    """The cancel recorded `cancelling` and the replica died before it stopped the Ray Job:
+    the next replica's pass stops it and settles the job as cancelled, once."""
+    from eft.service.jobs import JobService
+
+    launcher = RecordingLauncher()
+    job, = _queued(store)
+    _scheduler(store, launcher).tick()
+    sid = store.get_job(job.id).submission_id
+    stop = launcher.stop
+    launcher.stop = lambda submission_id: (_ for _ in ()).throw(Crash())
+    with pytest.raises(Crash):
+        JobService(store, launcher, Settings()).cancel(job.id, "t")
+    assert store.get_job(job.id).status is JobStatus.cancelling
+    assert launcher.state(sid) == RayJobState.RUNNING  # still running: nobody stopped it
+    launcher.stop = stop
+    _scheduler(Store(store.url, migrate=False), launcher).tick(reconcile=False)  # cancelling: every pass
+    assert launcher.stopped == [sid] and launcher.state(sid) == RayJobState.STOPPED
+    done = store.get_job(job.id)
+    assert done.status is JobStatus.cancelled
+    assert [e.type for e in store.list_events(job.id)[0]].count("cancelled") == 1
+
+
+def test_the_sqlite_store_is_readable_by_its_owner_only(tmp_path):
+    import stat
+
+    store = Store(f"sqlite:///{tmp_path / 'eft.db'}")
+    store.create_job(tenant="t", request=REQUEST)  # the write-ahead log exists while open
+    files = [tmp_path / name for name in ("eft.db", "eft.db-wal", "eft.db-shm") if (tmp_path / name).exists()]
+    assert tmp_path / "eft.db" in files
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    store.close()
