@@ -68,6 +68,9 @@ def _key_store() -> tuple[Any, Any]:
         from eft.service.store import Store
     except ImportError as exc:
         raise CliError(f"`eft keys` needs the server: pip install 'eft[server]' ({exc})") from exc
+    from eft.service import credentials
+
+    credentials.load()  # the database URL may be in the secrets file EFT_SECRETS_FILE names
     store = Store(get_settings().resolved_database_url)
     return store, KeyStore(store.engine)
 
@@ -144,6 +147,9 @@ def _limits(tenant: str) -> tuple[Any, Any, Any]:
         from eft.service.store import Store
     except ImportError as exc:
         raise CliError(f"`eft tenants` needs the server: pip install 'eft[server]' ({exc})") from exc
+    from eft.service import credentials
+
+    credentials.load()
     settings = get_settings()
     return Store(settings.resolved_database_url), quotas, settings
 
