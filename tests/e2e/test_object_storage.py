@@ -141,15 +141,22 @@ def test_checkpoints_and_artifact_in_object_storage_survive_a_killed_worker(s3_s
 
 
 def _assert_dashboard_keeps_no_secret(dashboard: str, submission_id: str, leaks: tuple[str, ...]) -> None:
-    """Every answer of Ray's dashboard API a non-browser client gets, searched for credentials."""
+    """Every answer of Ray's dashboard API a non-browser client gets, searched for credentials
+    (as whoever holds the cluster's token: Ray turns token authentication on for a new local
+    cluster, and then this process has the token)."""
     import httpx
+    import ray
+    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
 
+    headers = get_auth_headers_if_auth_enabled({})
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("node:__internal_head__"))
     answers = {}
     for path in ("/api/jobs/", f"/api/jobs/{submission_id}", f"/api/jobs/{submission_id}/logs",
                  "/api/serve/applications/", "/api/v0/actors?detail=true&limit=10000",
                  "/api/v0/tasks?detail=true&limit=10000", "/api/v0/runtime_envs?limit=10000",
-                 "/api/v0/placement_groups?detail=true", "/nodes?view=summary", "/api/v0/logs"):
-        response = httpx.get(dashboard + path, timeout=60)
+                 "/api/v0/placement_groups?detail=true", "/nodes?view=summary",
+                 f"/api/v0/logs?node_id={head}"):
+        response = httpx.get(dashboard + path, headers=headers, timeout=60)
         assert response.status_code == 200, (path, response.status_code, response.text[:500])
         answers[path] = response.text
     # The job's runtime environment is there to see, and it names the secrets file, not secrets.
