@@ -33,8 +33,13 @@ def make_engine(url: str) -> sa.Engine:
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             # The job store holds every tenant's requests: readable by its owner only. SQLite
-            # gives its -wal and -shm files the database file's mode.
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            # gives its -wal and -shm files the database file's mode. Only a file that does not
+            # exist yet is touched: closing any other descriptor of an open SQLite file drops
+            # the process's POSIX locks on it, and the database can then be corrupted.
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                pass
         engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @sa_event.listens_for(engine, "connect")
