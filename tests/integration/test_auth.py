@@ -2,6 +2,7 @@
 tenant's jobs (others' ids answer 404 on every job endpoint), an admin sees all, a revoked key
 stops at once, and `eft keys` manages keys straight against the store."""
 
+import contextlib
 import json
 
 import pytest
@@ -148,26 +149,32 @@ def test_the_client_reads_the_key_eft_up_writes(eft_home, monkeypatch):
     assert Client().api_key not in ("eft-stale", client.api_key)
 
 
-def test_a_tenant_over_its_request_rate_gets_429_and_slows_no_one_else(eft_home, monkeypatch):
-    """Each tenant has its own token bucket: a burst past it is 429 with Retry-After in the
-    error envelope, while another tenant's requests keep answering 200."""
+@contextlib.contextmanager
+def _app_with(monkeypatch, **env):
+    """The app over a fresh store, with these `EFT_*` settings; yields (client, key store)."""
     from fastapi.testclient import TestClient
 
     from eft.api.app import create_app
-    from eft.service.auth import KeyStore
     from eft.service.jobs import JobService
     from eft.service.launcher import RayJobsLauncher
-    from eft.service.settings import get_settings
-    from eft.service.store import Store
 
-    monkeypatch.setenv("EFT_REQUESTS_PER_S_PER_TENANT", "0.01")
-    monkeypatch.setenv("EFT_REQUEST_BURST_PER_TENANT", "5")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     get_settings.cache_clear()
     settings = get_settings()
     store = Store(settings.resolved_database_url)
-    keys = KeyStore(store.engine)
-    noisy, quiet = (f"Bearer {keys.create(t)[1]}" for t in ("noisy", "quiet"))
-    with TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings))) as client:
+    try:
+        with TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings))) as client:
+            yield client, KeyStore(store.engine)
+    finally:
+        store.close()
+
+
+def test_a_tenant_over_its_request_rate_gets_429_and_slows_no_one_else(eft_home, monkeypatch):
+    """Each tenant has its own token bucket: a burst past it is 429 with Retry-After in the
+    error envelope, while another tenant's requests keep answering 200."""
+    with _app_with(monkeypatch, EFT_REQUESTS_PER_S_PER_TENANT="0.01", EFT_REQUEST_BURST_PER_TENANT="5") as (client, keys):
+        noisy, quiet = (f"Bearer {keys.create(t)[1]}" for t in ("noisy", "quiet"))
         codes = [client.get("/jobs", headers={"Authorization": noisy}).status_code for _ in range(8)]
         assert codes == [200] * 5 + [429] * 3
         limited = client.get("/jobs", headers={"Authorization": noisy})
@@ -176,29 +183,16 @@ def test_a_tenant_over_its_request_rate_gets_429_and_slows_no_one_else(eft_home,
         assert int(limited.headers["retry-after"]) >= 1
         assert client.get("/jobs", headers={"Authorization": quiet}).status_code == 200
         assert client.get("/healthz").status_code == 200  # unauthenticated, never limited
-    store.close()
 
 
 def test_only_admins_are_told_where_rays_dashboard_is(eft_home, monkeypatch):
     """Ray's dashboard runs arbitrary code through its Jobs API: the UI's pages do not name it,
     and `GET /me` gives its address to admins only."""
-    from fastapi.testclient import TestClient
-
-    from eft.api.app import create_app
-    from eft.service.jobs import JobService
-    from eft.service.launcher import RayJobsLauncher
-
-    monkeypatch.setenv("EFT_RAY_DASHBOARD_URL", "http://10.1.2.3:8265")
-    get_settings.cache_clear()
-    settings = get_settings()
-    store = Store(settings.resolved_database_url)
-    keys = KeyStore(store.engine)
-    user, admin = (f"Bearer {keys.create('team-a', role)[1]}" for role in ("user", "admin"))
-    with TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings))) as client:
+    with _app_with(monkeypatch, EFT_RAY_DASHBOARD_URL="http://10.1.2.3:8265") as (client, keys):
+        user, admin = (f"Bearer {keys.create('team-a', role)[1]}" for role in ("user", "admin"))
         mine = client.get("/me", headers={"Authorization": user}).json()
         assert mine["tenant"] == "team-a" and mine["role"] == "user" and mine["ray_dashboard_url"] is None
         assert client.get("/me", headers={"Authorization": admin}).json()["ray_dashboard_url"] == "http://10.1.2.3:8265"
         for page in ("/ui", "/ui/new", "/ui/jobs/ftjob-x"):
             assert "10.1.2.3" not in client.get(page).text, page
         assert client.get("/me").status_code == 401
-    store.close()
