@@ -3,7 +3,7 @@
 Ray Train's public API has no hook for the job's own failure policy, for leaving out helper
 processes, or for reading a delivered preemption notice without a round trip, so the driver and
 the loop reach into `ray.train.v2._internal`; the local stack asks `ray._private` where the
-recorded cluster is. Those modules change between Ray releases: pyproject.toml pins Ray to
+recorded cluster is, and for the headers that carry the cluster's token. Those modules change between Ray releases: pyproject.toml pins Ray to
 `TESTED_RAY_VERSION` and tests/unit/test_ray_internals.py checks both that pin and that nothing
 outside this module imports a private Ray module.
 """
@@ -51,6 +51,14 @@ def env_bool(name: str, default: bool) -> bool:
 def get_train_context():  # noqa: ANN201 - Ray Train's TrainContext of this worker
     """This Ray Train worker's own context (raises RuntimeError outside a worker)."""
     return train_context.get_train_context()
+
+
+def dashboard_auth_headers() -> dict[str, str]:
+    """The headers Ray's own SDK sends its dashboard: the cluster's token when token
+    authentication is on (Ray 2.60 turns it on for a new local cluster), else none."""
+    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+    return get_auth_headers_if_auth_enabled({})
 
 
 def ray_version_tested() -> bool:

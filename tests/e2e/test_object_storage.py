@@ -146,9 +146,10 @@ def _assert_dashboard_keeps_no_secret(dashboard: str, submission_id: str, leaks:
     cluster, and then this process has the token)."""
     import httpx
     import ray
-    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
 
-    headers = get_auth_headers_if_auth_enabled({})
+    from eft.training._ray import dashboard_auth_headers
+
+    headers = dashboard_auth_headers()
     head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("node:__internal_head__"))
     answers = {}
     for path in ("/api/jobs/", f"/api/jobs/{submission_id}", f"/api/jobs/{submission_id}/logs",
