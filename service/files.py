@@ -28,6 +28,7 @@ from eft.service.schema import files as table
 from eft.service.schema import jobs as jobs_table
 from eft.service.settings import Settings
 from eft.training.storage import is_remote
+from eft.service.quotas import QuotaExceeded
 from eft.service.store import _aware, serialized, tenant_key, utcnow
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
@@ -166,8 +167,6 @@ class FileStore:
     def _check_usage(self, tenant: str, count: int, used: int, size: int) -> None:
         limit_files, limit_bytes = self.settings.max_files_per_tenant, self.settings.max_file_bytes_per_tenant
         if count + 1 > limit_files:
-            from eft.service.quotas import QuotaExceeded
-
             raise QuotaExceeded(f"tenant {tenant!r} keeps {count} uploads, the limit is {limit_files}: "
                                 "delete some with DELETE /files/{id}", "file", self.settings.quota_retry_after_s)
         if used + size > limit_bytes:

@@ -27,7 +27,7 @@ from eft.service.errors import Conflict
 from eft.service.file_checks import check_job_files
 from eft.service.files import FileStore
 from eft.service.idempotency import Idempotency, request_digest
-from eft.service.launcher import Launcher
+from eft.service.launcher import Launcher, stop_quietly
 from eft.service.progress import progress_fields
 from eft.service.quotas import check_quota
 from eft.service.settings import Settings
@@ -133,7 +133,7 @@ class JobService:
                     job = self.store.transition(job_id, JobStatus.cancelling, "cancel requested",
                                                 expected_status=job.status)
                     if job.submission_id:
-                        self._stop_quietly(job.submission_id)
+                        stop_quietly(self.launcher, job.submission_id)
                 else:
                     job = self.store.transition(job_id, JobStatus.cancelled, "cancelled before it ran",
                                                 expected_status=job.status)
@@ -142,13 +142,6 @@ class JobService:
             return to_wire(job)
         raise Conflict(f"job {job_id} kept changing status; try the cancel again", code="job_busy",
                        param="job_id")
-
-    def _stop_quietly(self, submission_id: str) -> None:
-        # The scheduler retries the stop on every pass; this call only makes it prompt.
-        try:
-            self.launcher.stop(submission_id)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("stop of %s failed, the scheduler will retry: %s", submission_id, exc)
 
     def events(self, job_id: str, tenant: str, after: int | None, limit: int) -> JobEventList:
         self.store.get_job(job_id, tenant)

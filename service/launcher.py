@@ -10,12 +10,15 @@ an id the scheduler can look up.
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
 from typing import Protocol
 
 from eft.service import credentials
 from eft.service.settings import Settings
+
+log = logging.getLogger("eft.launcher")
 
 
 class RayJobState:
@@ -38,6 +41,15 @@ class Launcher(Protocol):
 
 def submission_id_for(job_id: str, attempt: int) -> str:
     return f"{job_id}-attempt-{attempt}"
+
+
+def stop_quietly(launcher: Launcher, submission_id: str) -> None:
+    """Ask Ray to stop a Ray Job; a failure is logged, not raised: the scheduler's reconcile
+    stops it again on its next pass while the job is still active."""
+    try:
+        launcher.stop(submission_id)
+    except Exception as exc:  # noqa: BLE001 - Ray unreachable, ...
+        log.warning("stop of %s failed, the scheduler will retry: %s", submission_id, exc)
 
 
 class RayJobsLauncher:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from eft.types.jobs import JobStatus
 from eft.service import metrics
 from eft.service.errors import Conflict, RequestInvalid
-from eft.service.launcher import Launcher, RayJobState, submission_id_for
+from eft.service.launcher import Launcher, RayJobState, stop_quietly, submission_id_for
 from eft.service.lifecycle import IllegalTransition
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store, utcnow
@@ -185,19 +185,13 @@ class Scheduler:
         now = self.store.get_job(job.id)
         if now.attempt != attempt or now.status is not JobStatus.running:
             # Cancelled or requeued while the submit was in flight: stop what was started.
-            self._stop_quietly(submission_id)
+            stop_quietly(self.launcher, submission_id)
         return True
-
-    def _stop_quietly(self, submission_id: str) -> None:
-        try:
-            self.launcher.stop(submission_id)
-        except Exception as exc:  # noqa: BLE001 - retried by reconcile while the job is active
-            log.warning("stop of %s failed: %s", submission_id, exc)
 
     def _after_dispatch_failure(self, job: JobRecord, exc: Exception) -> None:
         # The failed submit may have reached Ray after all (a timeout): stop it before the job
         # moves on, so no attempt runs unwatched.
-        self._stop_quietly(submission_id_for(job.id, job.attempt))
+        stop_quietly(self.launcher, submission_id_for(job.id, job.attempt))
         failures = job.attempt  # every dispatch, failed or not, used up one attempt
         if failures >= MAX_DISPATCH_FAILURES:
             self._safe_transition(
@@ -240,7 +234,7 @@ class Scheduler:
             return
         # Whatever Ray still has of this attempt is stopped first: a Ray Job that reappears (a
         # submit that was still on its way) must not run beside the next attempt.
-        self._stop_quietly(job.submission_id or submission_id_for(job.id, job.attempt))
+        stop_quietly(self.launcher, job.submission_id or submission_id_for(job.id, job.attempt))
         budget = int((job.config or {}).get("max_restarts", TrainConfig.max_restarts))
         if job.restarts < budget:
             requeued = self._safe_transition(

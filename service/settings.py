@@ -8,7 +8,6 @@ service that dispatched it, all but the credentials, which each process reads on
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -217,8 +216,8 @@ class Settings(BaseSettings):
         }
         if self.database_url:
             env["EFT_DATABASE_URL_REDACTED"] = redacted_url(self.database_url)
-        if os.environ.get(credentials.FILE_VAR):
-            env[credentials.FILE_VAR] = os.environ[credentials.FILE_VAR]
+        if self.secrets_file:
+            env[credentials.FILE_VAR] = str(self.secrets_file)
         # Read by the driver's telemetry to compute MFU.
         if self.gpu_type:
             env["EFT_GPU_TYPE"] = self.gpu_type

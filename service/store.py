@@ -243,15 +243,9 @@ class Store:
             counts = self.active_by_tenant(active, conn)
             if sum(counts.values()) >= max_running or counts[job.tenant] >= max_per_tenant:
                 return None
-            change = lifecycle.plan_transition(job.status, JobStatus.running, message, data={"attempt": attempt})
-            now = utcnow()
-            result = conn.execute(
-                jobs.update().where(jobs.c.id == job.id, jobs.c.status == job.status.value, jobs.c.attempt == job.attempt)
-                .values(status=JobStatus.running.value, attempt=attempt, submission_id=submission_id,
-                        updated_at=now, **values))
-            if result.rowcount != 1:
+            if not self._move(conn, job, JobStatus.running, message, data={"attempt": attempt}, attempt=attempt,
+                              submission_id=submission_id, **values):
                 return None
-            self._insert_event(conn, job.id, attempt, change.event_type, change.level, change.message, change.data)
         return self.get_job(job.id)
 
     def count_by_status(self, tenant: str | None = None) -> dict[str, int]:
@@ -291,30 +285,32 @@ class Store:
         if expected_status is not None and job.status is not expected_status:
             raise Conflict(f"job {job_id} is {job.status.value} now, not {expected_status.value}; retry",
                            code="concurrent_update")
-        change = lifecycle.plan_transition(
-            job.status, target, message, event_type=event_type, data=data
-        )
-        now = utcnow()
-        values.setdefault("updated_at", now)
-        if target in lifecycle.TERMINAL:
-            values.setdefault("finished_at", now)
-        # Compare-and-set on status and attempt: a concurrent writer makes this update miss.
-        where = [jobs.c.id == job_id, jobs.c.status == job.status.value, jobs.c.attempt == job.attempt]
         with self.engine.begin() as conn:
-            result = conn.execute(
-                jobs.update().where(*where).values(status=target.value, **values)
-            )
-            if result.rowcount != 1:
+            if not self._move(conn, job, target, message, event_type=event_type, data=data, **values):
                 raise Conflict(
                     f"job {job_id} changed while moving it to {target.value}; retry",
                     code="concurrent_update",
                 )
-            new_attempt = values.get("attempt", job.attempt)
-            self._insert_event(
-                conn, job_id, new_attempt, change.event_type, change.level, change.message,
-                change.data,
-            )
         return self.get_job(job_id)
+
+    def _move(self, conn: sa.Connection, job: JobRecord, target: JobStatus, message: str | None, *,
+              event_type: str | None = None, data: dict[str, Any] | None = None, **values: Any) -> bool:
+        """Within a write transaction: move `job` (as read) to `target` with `values`, and
+        append the change's event. A compare-and-set on the status and attempt read: False
+        when a concurrent writer moved the job first (nothing is written then)."""
+        change = lifecycle.plan_transition(job.status, target, message, event_type=event_type, data=data)
+        now = utcnow()
+        values.setdefault("updated_at", now)
+        if target in lifecycle.TERMINAL:
+            values.setdefault("finished_at", now)
+        result = conn.execute(
+            jobs.update().where(jobs.c.id == job.id, jobs.c.status == job.status.value, jobs.c.attempt == job.attempt)
+            .values(status=target.value, **values))
+        if result.rowcount != 1:
+            return False
+        self._insert_event(conn, job.id, values.get("attempt", job.attempt), change.event_type, change.level,
+                           change.message, change.data)
+        return True
 
     def update_job(self, job_id: str, *, attempt: int | None = None, **values: Any) -> bool:
         """Set non-status fields (progress, config). Returns False if the attempt is stale."""
