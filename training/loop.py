@@ -34,7 +34,7 @@ from eft.training.data import DataError, TokenizeOptions, collate, global_batch_
 from eft.training.datacache import load_examples_cached
 from eft.training.errors import TrainingUserError
 from eft.training.model import load_trainable_model, pretrained_path
-from eft.training.packing import collate_packed, packed_micro_batches, real_tokens
+from eft.training.packing import balance_by_tokens, collate_packed, packed_inputs, packed_micro_batches, real_tokens
 from eft.training.strategies import build_strategy
 
 #: Seconds of training between two looks for a preemption notice (Ray Train's watcher itself
@@ -147,9 +147,12 @@ class Recipe:
         indices = global_batch_indices(n, cfg.seed, step, cfg.global_batch_size)
         global_tokens = sum(self.train_examples[i].loss_tokens for i in indices)
         if cfg.packing:
-            shares = [packed_micro_batches([self.train_examples[i] for i in shard_for_rank(indices, r, self.world_size)],
-                                           cfg.max_seq_len, cfg.micro_batch_size)
-                      for r in range(self.world_size)]
+            # The ranks' shares are balanced by tokens (a rank's step time follows its tokens),
+            # then packed into micro-batches of at most micro_batch_size x max_seq_len tokens.
+            lengths = [len(self.train_examples[i].input_ids) for i in indices]
+            shares = [packed_micro_batches([self.train_examples[indices[p]] for p in share],
+                                           cfg.micro_batch_size * cfg.max_seq_len)
+                      for share in balance_by_tokens(lengths, self.world_size)]
             count = max(len(share) for share in shares)
             return shares[self.rank] + [[]] * (count - len(shares[self.rank])), float(global_tokens)
         mine = [self.train_examples[i] for i in shard_for_rank(indices, self.rank, self.world_size)]
@@ -166,13 +169,14 @@ class Recipe:
         for micro_batch in micro_batches:
             # An empty share still joins the collectives, with a zero-weight pass.
             if self.cfg.packing:
-                rows = micro_batch or [[self.train_examples[0]]]
-                batch, tokens = collate_packed(rows, self.pad_id), real_tokens(rows)
+                examples = micro_batch or [self.train_examples[0]]
+                batch, tokens = collate_packed(examples, self.pad_id), real_tokens(examples)
             else:
                 examples = micro_batch or self.train_examples[:1]
                 batch, tokens = collate(examples, self.pad_id), sum(len(e.input_ids) for e in examples)
             if pin:
-                batch = {k: v.pin_memory() for k, v in batch.items()}
+                # The boundaries stay pageable: read on the host, or copied once to the device.
+                batch = {k: v if k in ("cu_seq_lens", "max_length") else v.pin_memory() for k, v in batch.items()}
             out.append((batch, tokens, 1.0 if micro_batch else 0.0))
         return out, global_tokens
 
@@ -188,6 +192,13 @@ class Recipe:
             self._prefetch = (self.step + 1, self._loader.submit(self._host_batches, self.step + 1))
         return ready
 
+    def _to_device(self, host_batch: dict[str, torch.Tensor], pin: bool) -> dict[str, Any]:
+        if "cu_seq_lens" in host_batch:
+            batch = packed_inputs(host_batch, self.device, self.cfg.attention)
+            batch["labels"] = host_batch["labels"].to(self.device, non_blocking=pin)
+            return batch
+        return {k: v.to(self.device, non_blocking=pin) for k, v in host_batch.items()}
+
     def train_step(self, window: Window) -> Any:
         """One optimizer step over the global batch. Returns the gradient norm if clipped
         (a device tensor: reading it would wait for the step, so only reports do)."""
@@ -200,7 +211,7 @@ class Recipe:
         strategy = self.strategy
         pin = self.device.type == "cuda"
         for i, (host_batch, tokens, weight) in enumerate(micro_batches):
-            batch = {k: v.to(self.device, non_blocking=pin) for k, v in host_batch.items()}
+            batch = self._to_device(host_batch, pin)
             with strategy.accumulate(last=i == len(micro_batches) - 1):
                 with strategy.autocast():
                     loss_sum = token_loss_sum(strategy.model, batch) * weight

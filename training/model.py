@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from eft.training.attention import VARLEN_NAMES, register as register_varlen_attention
 from eft.training.config import LoraSpec, TrainConfig
 
 
@@ -87,7 +88,13 @@ def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     """Returns the base model with the job's method applied; only trainable params need grads."""
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": base_weight_dtype(cfg), "attn_implementation": cfg.attention}
+    attention = cfg.attention
+    if cfg.packing and attention in VARLEN_NAMES:
+        # Packed micro-batches attend per example (training/attention.py); padded batches
+        # (evaluation) take the stock kernel through the same name.
+        register_varlen_attention()
+        attention = VARLEN_NAMES[attention]
+    kwargs: dict[str, Any] = {"dtype": base_weight_dtype(cfg), "attn_implementation": attention}
     if cfg.method == "qlora":
         kwargs["quantization_config"] = _quantization_config(cfg)
     model = AutoModelForCausalLM.from_pretrained(pretrained_path(cfg), **kwargs)

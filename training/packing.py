@@ -1,15 +1,19 @@
-"""Sample packing: variable-length examples laid end to end in rows, without padding between them.
+"""Sample packing: variable-length examples laid end to end, without padding between them.
 
-A packed row holds whole examples (none is split); each example's position ids restart at 0, and
-no attention mask is passed. From that, transformers builds a block-diagonal causal mask for
-SDPA and eager attention (`masking_utils.find_packed_sequence_indices`: a new sequence starts
-wherever the position ids do not go up by one), and flash-attention runs its varlen kernel on
-the same position ids. An example therefore attends only to itself, sees the same positions as
-when trained alone, and contributes exactly the same token losses: packing changes how many
-pad tokens are computed, not what is learned.
+A packed micro-batch is one flattened row of whole examples (none is split) holding at most
+`micro_batch_size x max_seq_len` tokens, the budget the planner counts. Each example's position
+ids restart at 0 and its boundaries go to the model as `cu_seq_lens_q/k` with the longest length
+as `max_length_q/k`: flash-attention runs its varlen kernel on them, and SDPA / eager attention
+run per example (`training/attention.py`). An example therefore attends only to itself, sees
+the same positions as when trained alone, and contributes exactly the same token losses:
+packing changes how many pad tokens are computed, not what is learned. One row per micro-batch
+is also what transformers needs to read packed sequences from `position_ids` alone, which a
+model called without the boundaries falls back to.
 
-Rows are filled first-fit in decreasing length order, which depends only on the examples, so a
-step's micro-batches are a function of (seed, step, rank, world size) like the unpacked ones.
+A step's global batch is split across ranks by tokens (longest first, each to the rank with the
+fewest so far), then each rank fills its micro-batches first-fit in decreasing length order. Both
+depend only on the examples, so a step's micro-batches are a function of (seed, step, rank,
+world size) like the unpacked ones.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from eft.training.data import IGNORE_INDEX, Example
 
 
 def pack_rows(examples: Sequence[Example], row_len: int) -> list[list[Example]]:
-    """Group examples into rows of at most `row_len` tokens (first-fit decreasing).
+    """Group examples into bins of at most `row_len` tokens (first-fit decreasing).
 
-    Returns the rows, longest first; an example longer than `row_len` gets a row of its own.
+    Returns the bins, longest first; an example longer than `row_len` gets a bin of its own.
     Ties keep the input order, so the result is deterministic.
     """
     order = sorted(range(len(examples)), key=lambda i: -len(examples[i].input_ids))
@@ -44,39 +48,58 @@ def pack_rows(examples: Sequence[Example], row_len: int) -> list[list[Example]]:
     return rows
 
 
-def packed_micro_batches(examples: Sequence[Example], row_len: int, rows_per_batch: int) -> list[list[list[Example]]]:
-    """This share's micro-batches: packed rows, `rows_per_batch` to a forward pass."""
-    rows = pack_rows(examples, row_len)
-    return [rows[i : i + rows_per_batch] for i in range(0, len(rows), rows_per_batch)]
+def packed_micro_batches(examples: Sequence[Example], token_budget: int) -> list[list[Example]]:
+    """This share's micro-batches: whole examples, at most `token_budget` tokens to a forward pass."""
+    return pack_rows(examples, token_budget)
 
 
-def collate_packed(rows: Sequence[Sequence[Example]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Packed rows as [rows, length] input_ids, labels and position_ids (no attention_mask).
-
-    Rows shorter than the longest are padded at the end; the padding is ignored by the loss
-    and, starting its own position run, is a separate block that no example attends to.
-    """
-    length = max(sum(len(e.input_ids) for e in row) for row in rows)
-    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), length), dtype=torch.long)
-    for r, row in enumerate(rows):
-        start = 0
-        for example in row:
-            n = len(example.input_ids)
-            input_ids[r, start : start + n] = torch.tensor(example.input_ids)
-            # The first token of an example is never a target of the token before it (which
-            # belongs to another example): the loss shifts labels by one, so mask it here.
-            labels[r, start : start + n] = torch.tensor([IGNORE_INDEX] + list(example.labels[1:]))
-            position_ids[r, start : start + n] = torch.arange(n)
-            start += n
-        position_ids[r, start:] = torch.arange(length - start)
-    return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+def balance_by_tokens(lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Positions into `lengths` for each rank, so that the ranks' token totals are as even as
+    longest-first greedy makes them (each to the rank with the fewest tokens so far; ties to the
+    lower rank). Every rank gets an example whenever there are enough of them."""
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    totals = [0] * world_size
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        rank = min(range(world_size), key=lambda r: (totals[r], len(shares[r]), r))
+        shares[rank].append(i)
+        totals[rank] += lengths[i]
+    return [sorted(share) for share in shares]
 
 
-def real_tokens(rows: Sequence[Sequence[Example]]) -> int:
-    """Non-padding tokens of a packed micro-batch (known on the host: no device sync)."""
-    return sum(len(e.input_ids) for row in rows for e in row)
+def collate_packed(examples: Sequence[Example], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """A packed micro-batch as one row: input_ids, labels and position_ids of shape [1, tokens],
+    `cu_seq_lens` (int32, the examples' boundaries: 0, n1, n1+n2, ...) and `max_length`."""
+    del pad_token_id  # nothing is padded
+    lengths = [len(e.input_ids) for e in examples]
+    input_ids = torch.tensor([t for e in examples for t in e.input_ids], dtype=torch.long)
+    # The first token of an example is never a target of the token before it (which belongs to
+    # another example): the loss shifts labels by one, so mask it here.
+    labels = torch.tensor([t for e in examples for t in [IGNORE_INDEX, *e.labels[1:]]], dtype=torch.long)
+    position_ids = torch.cat([torch.arange(n) for n in lengths])
+    bounds = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    bounds[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+    return {"input_ids": input_ids[None], "labels": labels[None], "position_ids": position_ids[None],
+            "cu_seq_lens": bounds, "max_length": torch.tensor(max(lengths))}
+
+
+def packed_inputs(batch: dict[str, torch.Tensor], device: torch.device, kernel: str) -> dict[str, object]:
+    """The model's keyword arguments for a collated packed micro-batch on `device`. The boundaries
+    go to the device for flash-attention's kernel and stay on the host for the per-example
+    kernels, which read them there (no device sync)."""
+    from eft.training.attention import FLASH_KERNELS
+
+    bounds = batch["cu_seq_lens"]
+    if kernel in FLASH_KERNELS:
+        bounds = bounds.to(device, non_blocking=True)
+    longest = int(batch["max_length"])
+    return {"input_ids": batch["input_ids"].to(device, non_blocking=True),
+            "position_ids": batch["position_ids"].to(device, non_blocking=True),
+            "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+
+
+def real_tokens(examples: Sequence[Example]) -> int:
+    """Tokens of a packed micro-batch (all real: known on the host, no device sync)."""
+    return sum(len(e.input_ids) for e in examples)
 
 
 #: Architectures (config `model_type`) whose attention honours the position-id restarts that

@@ -43,12 +43,16 @@ def host_peak_memory_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB
 
 
+#: The model inputs a micro-batch may carry: padded (attention_mask) or packed (position ids and
+#: the examples' boundaries, see training/packing.py).
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids",
+                "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of next-token cross-entropy over the target tokens of a micro-batch (fp32)."""
-    # A packed batch has position_ids and no attention_mask: transformers then masks attention
-    # block-diagonally (see training/packing.py). No KV cache in training.
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
-    logits = model(**inputs, use_cache=False).logits
+    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    logits = model(**inputs, use_cache=False).logits  # no KV cache in training
     shift_logits = logits[:, :-1, :].float().flatten(0, 1)
     shift_labels = batch["labels"][:, 1:].flatten()
     return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")

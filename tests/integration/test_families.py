@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from eft.training.chat import TemplateError, label_mask, tokenize_chat
 from eft.training.data import IGNORE_INDEX, Example, tokenize_record
 from eft.training.families import model_name
 from eft.training.family_specs import FAMILIES
-from eft.training.packing import collate_packed, packing_is_exact
+from eft.training.attention import VARLEN_NAMES, register as register_varlen
+from eft.training.packing import collate_packed, packed_inputs, packing_is_exact
 
 MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
 
@@ -162,9 +163,47 @@ def _logits(model, batch):
         return model(**batch, use_cache=False).logits
 
 
+def _positions_only(examples):
+    return {k: v for k, v in collate_packed(examples, 0).items() if k in ("input_ids", "position_ids")}
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_packed_kernels_attend_per_example(family, kernel):
+    """What a packed job of this family runs (`training/attention.py`): the per-example kernel
+    given the examples' boundaries. Each example's logits equal its logits alone under the
+    family's own eager attention (sliding windows and soft-capping included), and do not move
+    when another example changes."""
+    name, path = family
+    config = AutoConfig.from_pretrained(path)
+    if not packing_is_exact(config.get_text_config().model_type):
+        return  # trained padded: the test above shows why
+    register_varlen()
+    stock = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation=VARLEN_NAMES[kernel]).eval()
+    gen = torch.Generator().manual_seed(1)
+    vocab = min(config.get_text_config().vocab_size, 500)
+    examples = [Example(ids, ids) for ids in
+                (torch.randint(5, vocab, (n,), generator=gen).tolist() for n in (7, 12, 5, 9))]
+
+    def packed_logits(batch):
+        inputs = packed_inputs(collate_packed(batch, 0), torch.device("cpu"), kernel)
+        return _logits(model, inputs)[0]
+
+    packed = packed_logits(examples)
+    starts = [0, 7, 19, 24]
+    for start, example in zip(starts, examples):
+        alone = _logits(stock, {"input_ids": torch.tensor([example.input_ids])})[0]
+        torch.testing.assert_close(packed[start : start + len(example.input_ids)], alone, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"{name} with {VARLEN_NAMES[kernel]}: {m}")
+    changed = packed_logits([examples[0], Example([5] * 12, [5] * 12), *examples[2:]])
+    assert torch.equal(changed[19:], packed[19:]) and torch.equal(changed[:7], packed[:7])
+
+
 def test_packing_is_exact_or_refused(family):
-    """Three examples packed in one row: each one's logits equal its logits alone, and do not
-    move when another example in the row changes."""
+    """Three examples packed in one row, given only the position ids (the stock kernels'
+    block-diagonal mask): each one's logits equal its logits alone, and do not move when another
+    example in the row changes."""
     name, path = family
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     model.eval()
@@ -174,9 +213,9 @@ def test_packing_is_exact_or_refused(family):
     examples = [Example(ids, ids) for ids in
                 (torch.randint(5, vocab, (n,), generator=gen).tolist() for n in (7, 5, 9))]
     alone = [_logits(model, {"input_ids": torch.tensor([e.input_ids])})[0] for e in examples]
-    packed = _logits(model, {k: v for k, v in collate_packed([examples], 0).items() if k != "labels"})[0]
+    packed = _logits(model, _positions_only(examples))[0]
     changed = [examples[0], Example([5] * 5, [5] * 5), examples[2]]
-    packed_changed = _logits(model, {k: v for k, v in collate_packed([changed], 0).items() if k != "labels"})[0]
+    packed_changed = _logits(model, _positions_only(changed))[0]
     starts = [0, 7, 12]
     exact = all(
         torch.allclose(packed[s : s + len(e.input_ids)], a, atol=1e-4)

@@ -1,0 +1,164 @@
+"""Exact attention for packed micro-batches: each example attends to itself only, at its own cost.
+
+A packed micro-batch is one flattened row of whole examples (`training/packing.py`), passed to the
+model with the examples' boundaries as `cu_seq_lens_q` / `cu_seq_lens_k` and their longest length
+as `max_length_q` / `max_length_k` — the keyword arguments transformers' models hand through to
+their attention function (TRL's padding-free collator and `DataCollatorWithFlattening` pass the
+same). What runs with them:
+
+* ``flash_attention_2`` / ``_3``: flash-attention's varlen kernel over the boundaries, as
+  transformers calls it. No mask, no padding, no work across examples.
+* ``sdpa`` and ``eager``: the model is switched to ``eft_packed`` / ``eft_packed_eager``
+  (registered here with transformers' `AttentionInterface`). They run the same kernel per
+  example: causal SDPA, or the model's eager math, on each example's slice of the row. The
+  alternative, a block-diagonal mask over the whole row, computes (and for eager keeps) every
+  score between examples only to mask it out: with ~5 examples in a 512-token row two thirds of
+  the work.
+
+Sliding-window layers (Mistral, Gemma 2/3, Phi-3) keep their window within each example; logit
+soft-capping (Gemma 2) runs the eager math. Without boundaries (a padded batch, evaluation,
+generation) both names fall back to the stock sdpa / eager path with its mask.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: The job's attention kernel -> what a packed job's model runs.
+VARLEN_NAMES = {"sdpa": "eft_packed", "eager": "eft_packed_eager"}
+#: Kernels that take the boundaries natively (transformers' flash-attention varlen path).
+FLASH_KERNELS = frozenset({"flash_attention_2", "flash_attention_3"})
+
+
+def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
+    if groups == 1:
+        return states
+    batch, heads, length, dim = states.shape
+    return states[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
+
+
+def _window_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
+    """Causal mask limited to the last `window` keys (transformers' `q - kv < window`)."""
+    q = torch.arange(length, device=device)[:, None]
+    kv = torch.arange(length, device=device)[None, :]
+    return (kv <= q) & (q - kv < window)
+
+
+def _segment_eager(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
+                   window: int | None, softcap: float | None, dropout: float, training: bool) -> torch.Tensor:
+    """The eager math of transformers' Llama / Gemma 2 on one example: [1, H, n, D] -> same."""
+    length = query.shape[2]
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    allowed = (_window_mask(length, window, query.device) if window is not None and window < length else
+               torch.ones(length, length, dtype=torch.bool, device=query.device).tril())
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=training)
+    return torch.matmul(weights, value)
+
+
+def _segment_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
+                  window: int | None, dropout: float) -> torch.Tensor:
+    length = query.shape[2]
+    if window is not None and window < length:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=_window_mask(length, window, query.device),
+                                              dropout_p=dropout, scale=scaling)
+    return F.scaled_dot_product_attention(query, key, value, is_causal=True, dropout_p=dropout, scale=scaling)
+
+
+def _bounds(cu_seq_lens: torch.Tensor) -> list[int]:
+    # Built on the host by the collator; on a GPU job without flash-attention it stays there
+    # (`packed_inputs`), so reading it costs no device sync.
+    return [int(b) for b in cu_seq_lens.tolist()]
+
+
+def _varlen(kernel: str, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+            sliding_window: int | None = None, softcap: float | None = None,
+            cu_seq_lens_q: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    if cu_seq_lens_q is None:
+        if attention_mask is not None or query.shape[2] != key.shape[2]:  # padded, or decoding with a cache
+            return _stock(kernel, module)(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, sliding_window=sliding_window, softcap=softcap, **kwargs)
+        # Unpadded rows of one sequence each: one causal segment per row.
+        cu_seq_lens_q = torch.tensor([0, query.shape[2]])
+    elif query.shape[0] != 1:
+        raise ValueError("packed attention takes one flattened row per micro-batch, "
+                         f"got a batch of {query.shape[0]} rows")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("attention sinks are not supported by packed attention: train this model with packing off")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    groups = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    training = module.training
+    dropout = dropout if training else 0.0
+    outputs = []
+    bounds = _bounds(cu_seq_lens_q)
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        q, k, v = query[:, :, start:end], key[:, :, start:end], value[:, :, start:end]
+        if kernel == "eager" or softcap is not None:
+            outputs.append(_segment_eager(q, k, v, scaling, sliding_window, softcap, dropout, training))
+        else:
+            outputs.append(_segment_sdpa(q, k, v, scaling, sliding_window, dropout))
+    covered = bounds[-1]
+    if covered < query.shape[2]:  # a tail outside every example (none from our collator): attend causally
+        outputs.append(_segment_sdpa(query[:, :, covered:], key[:, :, covered:], value[:, :, covered:],
+                                     scaling, sliding_window, dropout))
+    out = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _stock(kernel: str, module: torch.nn.Module):
+    """transformers' own function for `kernel`: sdpa's shared one, or the model file's eager one."""
+    if kernel == "sdpa":
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+def varlen_sdpa(module, query, key, value, attention_mask, **kwargs):
+    return _varlen("sdpa", module, query, key, value, attention_mask, **kwargs)
+
+
+def varlen_eager(module, query, key, value, attention_mask, **kwargs):
+    return _varlen("eager", module, query, key, value, attention_mask, **kwargs)
+
+
+def _mask_for(kernel: str):
+    def mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+        # No 2-D mask: every token is real (packed rows, or one unpadded sequence), so the
+        # attention function needs no mask at all; a padded batch gets the stock one.
+        if attention_mask is None:
+            return None
+        from transformers.masking_utils import eager_mask, sdpa_mask
+
+        return (sdpa_mask if kernel == "sdpa" else eager_mask)(*args, attention_mask=attention_mask, **kwargs)
+
+    return mask
+
+
+def register() -> None:
+    """Make the varlen kernels known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(VARLEN_NAMES["sdpa"], varlen_sdpa)
+    AttentionInterface.register(VARLEN_NAMES["eager"], varlen_eager)
+    AttentionMaskInterface.register(VARLEN_NAMES["sdpa"], _mask_for("sdpa"))
+    AttentionMaskInterface.register(VARLEN_NAMES["eager"], _mask_for("eager"))
+
+
+def use_packed_attention(model: torch.nn.Module, kernel: str) -> None:
+    """Switch a loaded model to the per-example kernel for `kernel` (flash-attention's already is)."""
+    if kernel in FLASH_KERNELS:
+        return
+    register()
+    model.set_attn_implementation(VARLEN_NAMES[kernel])
