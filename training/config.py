@@ -14,7 +14,7 @@ from typing import Any
 class LoraSpec:
     r: int = 8
     alpha: float = 16.0
-    dropout: float = 0.05
+    dropout: float = 0.0
     target_modules: tuple[str, ...] | str = "all-linear"
     #: Module path the adapters are confined to: the text model of a multimodal checkpoint
     #: (e.g. "model.language_model"), so the vision tower and the projector stay untouched.

@@ -118,11 +118,11 @@ def configurations(spec: PlanSpec) -> tuple[tuple[Configuration, ...], tuple[str
 
 def _rank(candidate: Candidate, workers: int) -> tuple:
     c = candidate.config
-    # One worker shards nothing: DDP (no wrapper at all there) holds no more than ZeRO-1 and
-    # starts without DeepSpeed's engine, so it takes the ties the study's order gives ZeRO-1.
-    preference = STRATEGY_PREFERENCE.index(c.strategy)
-    if workers == 1 and c.strategy == "ddp":
-        preference = -1
+    # Ties go to the simplest strategy: DDP runs as fast as ZeRO-1 (the same bytes move) and starts
+    # without DeepSpeed's engine and its communication op (compiled on first use where it was
+    # not prebuilt), so where it fits it is chosen; ZeRO-1 is chosen where only it fits.
+    del workers
+    preference = -1 if c.strategy == "ddp" else STRATEGY_PREFERENCE.index(c.strategy)
     return (not candidate.fits, round(candidate.relative_time, 6), preference, candidate.memory.total)
 
 

@@ -118,7 +118,7 @@ class PlanSpec:
     """Compute precision: bf16 or fp16 (mixed precision), or fp32 (every CPU job)."""
     device: str = "cuda"
     """cuda, or cpu for CPU workers (no CUDA context; dropout keeps a full-size noise tensor)."""
-    lora_dropout: float = 0.05
+    lora_dropout: float = 0.0
     """LoRA dropout: above 0 every adapted linear keeps its own dropout mask and output."""
     gradient_accumulation: bool = True
     """Whether micro-batches accumulate gradients (the gradients then live through the forward);

@@ -8,9 +8,9 @@ to order configurations the way the study's measurements do (section 5):
   With gradient checkpointing "ZeRO-1 runtime is marginally higher than ZeRO-2" (Figure 2,
   configuration b): ZeRO-1 + GC gets 3% more, which puts it behind ZeRO-2 + GC.
 - DDP, which the study did not measure, moves the same bytes as ZeRO-1 (an all-reduce is a
-  reduce-scatter plus an all-gather) and gets ZeRO-1's factors; ties go to ZeRO-1, which holds
-  less (`spec.STRATEGY_PREFERENCE`), except on one worker, where nothing is sharded and DDP
-  starts without DeepSpeed's engine (`planning._rank`).
+  reduce-scatter plus an all-gather) and gets ZeRO-1's factors; ties go to DDP, the simplest,
+  which starts without DeepSpeed's engine (`planning._rank`); ZeRO-1 is chosen where only its
+  sharded optimizer state fits.
 - ZeRO-3 "comes at the expense of increased runtime" and is "evidently excessive" for models that
   fit without it: 1.35, more than checkpointing costs, so ZeRO-2 + GC beats ZeRO-3 (Figure 4, 13B).
   FSDP full sharding moves the same bytes as ZeRO-3 and gets the same factor.

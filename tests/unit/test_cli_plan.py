@@ -93,7 +93,9 @@ def test_model_from_a_local_directory_config_file_or_bundled_name(model, eft_hom
     # one GPU shards nothing: plain DDP, no DeepSpeed engine
     assert body["chosen"]["strategy"] == "ddp"
     two = plan_json("plan", "--model", model, "--gpu-memory", "1", "--gpus", "2")
-    assert two["chosen"]["strategy"] == "zero1"  # two shard the optimizer: the study's order
+    assert two["chosen"]["strategy"] == "ddp"  # it fits: the simplest wins the tie with ZeRO-1
+    tight = plan_json("plan", "--model", "llama-2-7b", "--method", "full", "--gpu-memory", "80", "--gpus", "8")
+    assert tight["chosen"]["strategy"] != "ddp"  # 7B full fine-tuning needs its optimizer sharded
 
 
 def test_lora_flags_and_qlora():
