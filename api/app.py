@@ -8,7 +8,6 @@ problem) with the `x-request-id` header that every response carries.
 from __future__ import annotations
 
 import logging
-import uuid
 from importlib import metadata
 from typing import Any
 
@@ -20,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 from eft.api.deps import CurrentPrincipal, JobServiceDep, get_principal
+from eft.api.middleware import REQUEST_ID, RequestContext
 from eft.types.jobs import Caller, ErrorResponse, Health
 from eft.api.routes import files, jobs, openai, plan
 from eft.api.routes import logs as logs_routes
@@ -37,7 +37,6 @@ from eft.service.settings import Settings
 from eft.service.validation import check_raw_inputs
 
 log = logging.getLogger("eft.api")
-REQUEST_ID = "x-request-id"
 
 
 _ERROR_EXAMPLE = {"error": {"type": "invalid_request_error", "code": "job_not_found",
@@ -126,18 +125,6 @@ def _install_error_handlers(app: FastAPI) -> None:
                       None, request)
 
 
-def _declared_body_too_large(request: Request, settings: Settings) -> str | None:
-    """Why a body is refused from its Content-Length alone (None if it is not), so that the
-    413 carries the error envelope; bodies without one are cut off by FastAPI's own limit."""
-    upload = request.url.path.startswith(("/files", "/v1/files"))
-    limit = settings.max_upload_bytes + 1024**2 if upload else settings.max_request_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        setting = "EFT_MAX_UPLOAD_BYTES" if upload else "EFT_MAX_REQUEST_BYTES"
-        return f"the body has {declared} bytes, over the limit of {limit}: send less, or ask the operator to raise {setting}"
-    return None
-
-
 def create_app(job_service: JobService) -> FastAPI:
     """The service's FastAPI application, serving `job_service`."""
     settings = job_service.settings
@@ -152,21 +139,7 @@ def create_app(job_service: JobService) -> FastAPI:
     app.state.rate_limiter = TenantRateLimiter(settings.requests_per_s_per_tenant, settings.request_burst_per_tenant)
     app.state.log_streams = LogStreams(settings.log_streams_per_tenant, settings.log_stream_max_s)
 
-    @app.middleware("http")
-    async def request_id(request: Request, call_next):  # noqa: ANN001, ANN202
-        rid = request.headers.get(REQUEST_ID) or f"req_{uuid.uuid4().hex[:16]}"
-        request.state.request_id = rid
-        too_large = _declared_body_too_large(request, settings)
-        if too_large is not None:
-            return _error(413, "invalid_request_error", "payload_too_large", too_large, "body", request)
-        token = jsonlog.bind(request_id=rid)
-        try:
-            response = await call_next(request)
-        finally:
-            jsonlog.unbind(token)
-        response.headers[REQUEST_ID] = rid
-        return response
-
+    app.add_middleware(RequestContext, settings=settings)
     _install_error_handlers(app)
     metrics_routes.install(app)
     json_limit = settings.max_request_bytes

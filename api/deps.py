@@ -20,11 +20,13 @@ from eft.service.jobs import JobService
 bearer = HTTPBearer(auto_error=False, description="An API key: `eft keys create`, or the one `eft up` writes.")
 
 
-def get_job_service(request: Request) -> JobService:
+# Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` in its thread pool,
+# a hop per dependency per request.
+async def get_job_service(request: Request) -> JobService:
     return request.app.state.job_service
 
 
-def get_principal(
+def get_principal(  # a database read: stays in the thread pool
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
@@ -36,11 +38,11 @@ def get_principal(
     return principal
 
 
-def get_idempotency(request: Request) -> Idempotency:
+async def get_idempotency(request: Request) -> Idempotency:
     return request.app.state.job_service.idempotency
 
 
-def get_tenant(principal: Annotated[Principal, Depends(get_principal)]) -> str | None:
+async def get_tenant(principal: Annotated[Principal, Depends(get_principal)]) -> str | None:
     return principal.scope
 
 

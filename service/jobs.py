@@ -29,7 +29,7 @@ from eft.service.files import FileStore
 from eft.service.idempotency import Idempotency, request_digest
 from eft.service.launcher import Launcher, stop_quietly
 from eft.service.progress import progress_fields
-from eft.service.quotas import check_quota
+from eft.service.quotas import check_quota, demand
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store
 from eft.service.validation import check_request
@@ -96,7 +96,7 @@ class JobService:
             inputs = check_request(req, self.settings)
             record = self.store.create_job(
                 tenant=principal.tenant, request=req.model_dump(mode="json"), name=req.name,
-                plan=inputs.choice.to_dict(),
+                plan=inputs.choice.to_dict(), demand=demand(req),
                 admit=admit)
             if self.on_created is not None:
                 self.on_created()

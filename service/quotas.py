@@ -69,7 +69,7 @@ def set_tenant_limits(store: Store, tenant: str, *, max_active_jobs: int | None 
             conn.execute(tenants.insert().values(id=tenant, created_at=utcnow(), **values))
 
 
-def _demand(request: JobCreate) -> tuple[float, float]:
+def demand(request: JobCreate) -> tuple[float, float]:
     """(CPUs, GPUs) a job asks for at its largest size."""
     workers = request.scaling.resolved_max_workers
     return workers * request.scaling.cpus_per_worker, float(workers if request.scaling.use_gpu else 0)
@@ -85,15 +85,15 @@ def check_quota(store: Store, tenant: str, request: JobCreate, settings: Setting
     limits = limits_for(store, tenant, settings, conn)
     if limits.queue_over_quota:
         return
-    query = sa.select(jobs.c.request).where(jobs.c.tenant == tenant,
-                                            jobs.c.status.in_([s.value for s in ACTIVE]))
-    active = [JobCreate.model_validate(r) for (r,) in conn.execute(query).all()]
-    cpus, gpus = _demand(request)
-    used_cpus = sum(_demand(r)[0] for r in active)
-    used_gpus = sum(_demand(r)[1] for r in active)
+    # One aggregate over the tenant's active jobs (their demand is stored at create).
+    query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(jobs.c.demand_cpus), 0.0),
+                      sa.func.coalesce(sa.func.sum(jobs.c.demand_gpus), 0.0)).where(
+        jobs.c.tenant == tenant, jobs.c.status.in_([s.value for s in ACTIVE]))
+    active, used_cpus, used_gpus = conn.execute(query).one()
+    cpus, gpus = demand(request)
     retry = settings.quota_retry_after_s
-    if len(active) + 1 > limits.max_active_jobs:
-        raise QuotaExceeded(f"tenant {tenant!r} has {len(active)} active jobs, the limit is "
+    if active + 1 > limits.max_active_jobs:
+        raise QuotaExceeded(f"tenant {tenant!r} has {active} active jobs, the limit is "
                             f"{limits.max_active_jobs}: wait for one to finish or cancel one",
                             "tenant.max_active_jobs", retry)
     if used_cpus + cpus > limits.max_cpus:

@@ -41,6 +41,9 @@ jobs = sa.Table(
     sa.Column("preemptions", sa.Integer, nullable=False, default=0),
     sa.Column("resizes", sa.Integer, nullable=False, default=0),
     sa.Column("lost_steps", sa.Integer, nullable=False, default=0),
+    #: CPUs and GPUs the job asks for at its largest size (quotas sum them in SQL).
+    sa.Column("demand_cpus", sa.Float, nullable=False, server_default="0"),
+    sa.Column("demand_gpus", sa.Float, nullable=False, server_default="0"),
     #: The planner's choice, made once when the job is accepted (validation.Choice as a dict).
     sa.Column("plan", sa.JSON),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),

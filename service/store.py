@@ -148,13 +148,15 @@ class Store:
         name: str | None = None,
         plan: dict[str, Any] | None = None,
         admit: Callable[[sa.Connection], None] | None = None,
+        demand: tuple[float, float] = (0.0, 0.0),
     ) -> JobRecord:
         """Insert a job in `validating` with its `created` event and the planner's choice.
         (Repeated creates are told apart before this, by service/idempotency.py.)
 
         `admit(conn)`, when given, runs first in the same transaction, serialized with every
         other create of the tenant, and raises to refuse the job (a quota): no two concurrent
-        creates can both pass a limit that only one fits under."""
+        creates can both pass a limit that only one fits under. `demand` is the (CPUs, GPUs) the
+        job asks for at its largest size, which quotas sum."""
         now = utcnow()
         job_id = new_job_id()
         with self.serialized(tenant_key(tenant)) as conn:
@@ -164,6 +166,7 @@ class Store:
                 jobs.insert().values(
                     id=job_id, tenant=tenant, name=name, status=JobStatus.validating.value,
                     request=request, plan=plan, attempt=0, step=0, created_at=now, updated_at=now,
+                    demand_cpus=demand[0], demand_gpus=demand[1],
                 )
             )
             self._insert_event(conn, job_id, 0, "created", "info", "job created", {})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import Future, ThreadPoolExecutor
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -260,9 +261,30 @@ class Recipe:
                 final: bool = False) -> None:
         """Every rank reports at the same cadence (a barrier). With a checkpoint, every rank
         takes part in gathering the state and rank 0 writes it (and the adapter, on the final
-        one); Ray Train persists it before `report` returns."""
+        one).
+
+        Interval and time checkpoints are handed to Ray Train asynchronously: its background
+        thread persists the written directory and queues the report while training goes on.
+        Synchronously, each report would wait for the controller to take the one before off the
+        worker's one-slot queue, which it does once per poll (2 s), stalling training whenever
+        checkpoints come closer than that. Preemption and final checkpoints stay synchronous:
+        they must be persisted before the worker stops."""
         if not with_checkpoint:
             ray.train.report(metrics)
+            return
+        if reason in ("interval", "time"):
+            directory = Path(tempfile.mkdtemp(prefix="eft-ckpt-"))
+            trainable = checkpoint.save(directory, self.strategy, self.rank, self.step,
+                                        self.world_size, reason, metrics)
+            del trainable
+            if self.rank == 0:
+                # Ray Train deletes the directory once it is persisted.
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(directory)),
+                                 checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+            else:
+                shutil.rmtree(directory, ignore_errors=True)
+                ray.train.report(metrics, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+            self.last_checkpoint_at = time.monotonic()
             return
         with tempfile.TemporaryDirectory(prefix="eft-ckpt-") as tmp:
             directory = Path(tmp)

@@ -18,7 +18,7 @@ from eft.service.files import FileRecord, FileStore
 router = APIRouter(prefix="/files", tags=["files"])
 
 
-def get_file_store(request: Request) -> FileStore:
+async def get_file_store(request: Request) -> FileStore:
     return request.app.state.files
 
 

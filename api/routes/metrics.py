@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Response
 
 from eft.api.deps import JobServiceDep
 from eft.service import metrics
@@ -19,23 +17,5 @@ def prometheus_metrics(service: JobServiceDep) -> Response:
 
 
 def install(app: FastAPI) -> None:
-    """Count every request by route template and status, and time it."""
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):  # noqa: ANN001, ANN202
-        started = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            route = request.scope.get("route")
-            template = getattr(route, "path", None)
-            if template is None:
-                # Mounted static files set no route; anything else unmatched is one label, so
-                # random paths cannot grow the series count.
-                template = "/ui/static/{path}" if request.url.path.startswith("/ui/static/") else "unmatched"
-            metrics.observe_request(request.method, template, status, time.perf_counter() - started)
-
+    """Serve `/metrics` (requests are counted and timed by `api/middleware.RequestContext`)."""
     app.include_router(router)

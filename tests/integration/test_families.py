@@ -356,7 +356,7 @@ def test_planned_activations_are_what_autograd_saves(name, method):
     arch = dataclasses.replace(architecture_from_config(path), linears=support.linears,
                                num_parameters=support.parameters)
     spec = PlanSpec(arch, method=method, seq_len=s, micro_batch=b, precision="fp32", device="cpu",
-                    **({"lora_r": 8} if method == "lora" else {}))
+                    **({"lora_r": 8, "lora_dropout": 0.05} if method == "lora" else {}))
     planned = forward_bytes(spec, Configuration("ddp", attention="sdpa"))
     # Exact per layer; the spread is the first layer, whose input needs no gradient under LoRA
     # (its norm and its q/k/v dropouts keep less), a larger share of 2 layers than of 32.
