@@ -1,6 +1,8 @@
 # make setup  - create .venv with torch (CPU wheel pinned first) and this project, build the bundled model
 # make demo   - set up if needed, then run a real LoRA job through the running service
 # make test   - set up if needed, then run the whole test suite
+# make gpu-check - on a machine with CUDA: the packed-attention tests on flash-attention and the
+#               GPU rows of BENCHMARKS.md (the product's loop per strategy: tokens/s, MFU, memory)
 # make bench  - set up if needed, then the benchmarks: planner vs measured memory, recovery costs,
 #               speed vs transformers.Trainer + PEFT, service overhead, start and API latency, GPU MFU (BENCHMARKS.md)
 
@@ -12,7 +14,7 @@ STAMP := $(VENV)/.eft-setup-done
 MODEL := assets/models/tiny-llama/config.json
 FAMILIES := assets/models/.families-built
 
-.PHONY: setup demo test test-unit clean bench chromium
+.PHONY: setup demo test test-unit clean bench chromium gpu-check
 
 setup: $(STAMP) $(MODEL) $(FAMILIES)
 
@@ -47,9 +49,17 @@ test-unit: setup
 clean:
 	rm -rf $(VENV) assets/models
 
+# TRL is one of the speed baselines (bench/baselines/trl_sft.py), not a dependency of the product.
 bench: setup
+	$(PY) -m pip install -q -c deploy/constraints.txt "trl>=1.16"
 	$(PY) bench/memory.py
 	$(PY) bench/activations.py
 	$(PY) bench/recovery.py
 	$(PY) bench/speed.py
+	$(PY) bench/gpu.py
+
+# Where CUDA exists: packed = unpacked loss and gradients, and no cross-example attention, under
+# flash-attention's varlen kernel (skipped without CUDA and flash-attn), then bench/gpu.py.
+gpu-check: setup
+	$(PY) -m pytest -q tests/unit/test_packing.py
 	$(PY) bench/gpu.py

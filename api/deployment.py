@@ -20,7 +20,7 @@ from eft.service.launcher import RayJobsLauncher
 from eft.service.scheduler import Scheduler
 from eft.service.settings import Settings, get_settings
 from eft.service.store import Store
-from eft.service.validation import validate_job
+from eft.service.validation import validate_job_isolated
 
 log = logging.getLogger("eft.deployment")
 
@@ -28,7 +28,7 @@ log = logging.getLogger("eft.deployment")
 def build_service(settings: Settings) -> tuple[JobService, Scheduler]:
     store = Store(settings.resolved_database_url)
     launcher = RayJobsLauncher(settings)
-    scheduler = Scheduler(store, launcher, settings, validate_job)
+    scheduler = Scheduler(store, launcher, settings, validate_job_isolated)
     return JobService(store, launcher, settings, on_created=scheduler.wake), scheduler
 
 

@@ -1,27 +1,40 @@
-"""GPU benchmark: tokens/s and model FLOPs utilisation (MFU) of the product's training step on a
-0.5B-parameter Llama built from config, LoRA r=16, bf16, packed rows, fused AdamW.
+"""GPU benchmark: the product's own training path per strategy and method, on a 0.5B Llama built
+from config: tokens/s, MFU, and peak memory against the planner.
 
-Run from the repository root:
+Run from the repository root on a machine with a CUDA device (`make gpu-check` runs it after the
+GPU tests):
 
     .venv/bin/python bench/gpu.py                       # writes its section of BENCHMARKS.md
     .venv/bin/python bench/gpu.py --device cpu --small --output /tmp/b.md   # check the code path
 
-On a machine without a CUDA device it writes a section saying so and measures nothing. The step
-is the loop's own (`training.steps.token_loss_sum` on `training.packing` rows, the model from
-`training.model.load_trainable_model`); MFU = model FLOPs per second / the GPU's dense bf16 peak
-(`--peak-tflops`, 989 for an H100 SXM), with model FLOPs per token = 6N for the frozen-base
-forward and backward of LoRA counted as 4N (no weight gradients) plus attention.
+Each row is one run of `training.loop.train_loop_per_worker` (the function every job's Ray Train
+worker runs: data, model, strategy, packed micro-batches, optimizer, reports) in a one-GPU
+TorchTrainer on a local Ray cluster, with the config a job would get (bf16, flash-attention 2
+where the flash-attn package is installed, else SDPA per example; packing on; LoRA r=16 on all
+linear layers, or QLoRA nf4). Its metrics are what the loop reports: tokens/s over the steps
+after the first (warm-up) report, and the allocator's peak, set against the planner's total for
+the same job (`eft.planner.estimate_memory`, as the service plans it).
+
+MFU = model FLOPs per second / the GPU's dense bf16 peak (`--peak-tflops`, 989 for an H100 SXM),
+counted as the scaling-law anchors count them (Kaplan et al.; PaLM, appendix B): 6N per token
+for the weights (N without the embeddings), whatever the method, plus attention, 12 * layers *
+hidden * n per token of an example of n tokens (each example attends to itself only, so the
+attention term follows the examples' own lengths, not the packed row's).
+
+On a machine without a CUDA device it writes a section saying so and measures nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import random
 import sys
 import tempfile
-import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -29,76 +42,121 @@ from bench.report import replace_section  # noqa: E402
 from bench.speed import machine  # noqa: E402
 
 SECTION = "## GPU: tokens/s and MFU"
+TOKENIZER = ROOT / "assets" / "models" / "tiny-llama"
+#: (strategy, method) rows.
+ROWS = (("ddp", "lora"), ("fsdp", "lora"), ("zero3", "lora"), ("ddp", "qlora"))
 
 
 def build(directory: Path, small: bool) -> dict[str, int]:
+    """A Llama from config with random bf16 weights and the bundled tokenizer, saved as any
+    Hugging Face model directory."""
+    import shutil
+
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     dims = (dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4)
             if small else dict(hidden_size=1536, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=12))
     config = LlamaConfig(vocab_size=32000, num_key_value_heads=dims["num_attention_heads"] // 2,
-                         max_position_embeddings=4096, tie_word_embeddings=False, **dims)
-    with torch.device("meta"):
-        params = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
+                         max_position_embeddings=8192, tie_word_embeddings=False, **dims)
     torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
-    return {"params": params, "layers": config.num_hidden_layers, "hidden": config.hidden_size}
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(TOKENIZER / name, directory / name)
+    embeddings = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" in n or "lm_head" in n)
+    return {"params": sum(p.numel() for p in model.parameters()), "non_embedding": model.num_parameters() - embeddings,
+            "layers": config.num_hidden_layers, "hidden": config.hidden_size}
 
 
-def measure(args: argparse.Namespace) -> dict[str, float]:
+def build_data(path: Path, examples: int, seq_len: int) -> None:
+    """Text records of log-normally spread lengths (median ~400 words, up to the sequence)."""
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(2000)]
+    with path.open("w") as f:
+        for _ in range(examples):
+            n = int(min(seq_len * 0.9, max(32, rng.lognormvariate(6.0, 0.8))))
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(n))}) + "\n")
+
+
+def _loop(config: dict[str, Any]) -> None:
+    """The product's worker function, its reports kept in a file (no job store here)."""
     import torch
 
+    from eft.training.config import TrainConfig
+    from eft.training.loop import Recipe
+
+    rows: list[dict[str, Any]] = []
+
+    class Recorded(Recipe):
+        def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
+            if self.rank == 0:
+                rows.append({"step": self.step, **metrics})
+
+    cfg = TrainConfig.from_dict(config["train"])
+    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+    recipe = Recorded(cfg)
+    recipe.setup()
+    recipe.train()
+    recipe.finish()
+    if recipe.rank == 0:
+        Path(config["out"]).write_text(json.dumps(rows))
+
+
+def planned_gb(model_dir: Path, cfg: Any) -> float:
+    from eft.planner import PlanSpec, architecture_from_config, estimate_memory
+    from eft.planner.spec import Configuration
+
+    spec = PlanSpec(architecture_from_config(model_dir), method=cfg.method, seq_len=cfg.max_seq_len,
+                    micro_batch=cfg.micro_batch_size, gpus=1, precision=cfg.precision,
+                    device="cuda" if cfg.use_gpu else "cpu", lora_r=cfg.lora.r, lora_dropout=cfg.lora.dropout,
+                    gradient_accumulation=False)
+    return estimate_memory(spec, Configuration(cfg.strategy, attention=cfg.attention)).total
+
+
+def run_row(model_dir: Path, data: Path, strategy: str, method: str, args: argparse.Namespace) -> dict[str, Any]:
+    import ray.train.torch
+    from ray.train import RunConfig, ScalingConfig
+
     from eft.training.config import LoraSpec, TrainConfig
-    from eft.training.data import Example
-    from eft.training.steps import token_loss_sum
-    from eft.training.model import load_trainable_model
-    from eft.training.packing import collate_packed, packed_micro_batches, real_tokens
 
-    directory = Path(tempfile.mkdtemp(prefix="eft-gpu-"))
-    shape = build(directory, args.small)
     gpu = args.device == "cuda"
-    cfg = TrainConfig(job_id="bench-gpu", model_path=str(directory), training_file="", validation_file=None,
-                      method="lora", lora=LoraSpec(r=16, alpha=32, dropout=0.0), total_steps=args.steps,
-                      num_train_examples=0, precision="bf16" if gpu else "fp32",
-                      attention=args.attention if gpu else "sdpa")
-    model = load_trainable_model(cfg).to(args.device)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=gpu or None)
-    rng = random.Random(0)
-    seq = args.seq_len
-    examples = [Example(ids, ids) for ids in ([rng.randrange(1, 32000) for _ in range(
-        int(min(seq, max(32, rng.lognormvariate(6.0, 0.8)))))] for _ in range(args.examples))]
-    batches = [collate_packed(rows, 0) for rows in packed_micro_batches(examples, seq, args.rows)]
-    tokens_per_batch = [real_tokens(rows) for rows in packed_micro_batches(examples, seq, args.rows)]
-    batches = [{k: v.to(args.device) for k, v in b.items()} for b in batches]
+    flash = gpu and importlib.util.find_spec("flash_attn") is not None
+    cfg = TrainConfig(
+        job_id=f"bench-gpu-{strategy}-{method}", model_path=str(model_dir), training_file=str(data),
+        validation_file=None, method=method,
+        lora=LoraSpec(r=16, alpha=32, dropout=0.0, quant_type="nf4" if method == "qlora" else None),
+        total_steps=args.steps, num_train_examples=args.examples, learning_rate=1e-4,
+        global_batch_size=args.global_batch, micro_batch_size=args.rows, max_seq_len=args.seq_len,
+        train_on="all", log_every_steps=1, use_gpu=gpu, cpus_per_worker=1 if gpu else 2, strategy=strategy,
+        checkpoint_every_steps=10**9, precision="bf16" if gpu else "fp32",
+        attention="flash_attention_2" if flash else "sdpa", packing=True,
+        data_cache_dir=tempfile.mkdtemp(prefix="eft-gpu-cache-"),
+    )
+    out = Path(tempfile.mkdtemp(prefix="eft-gpu-rows-")) / "rows.json"
+    storage = tempfile.mkdtemp(prefix="eft-gpu-ckpt-")
+    trainer = ray.train.torch.TorchTrainer(
+        _loop, train_loop_config={"train": cfg.to_dict(), "out": str(out)},
+        scaling_config=ScalingConfig(num_workers=1, use_gpu=gpu, resources_per_worker={"CPU": cfg.cpus_per_worker}),
+        run_config=RunConfig(name=cfg.job_id, storage_path=storage),
+    )
+    trainer.fit()
+    rows = json.loads(out.read_text())
+    steady = [r for r in rows if "tokens_per_s" in r and r["step"] > 1]
+    final = next(r for r in rows if r.get("final"))
+    return {"strategy": strategy, "method": method, "attention": cfg.attention,
+            "tokens_per_s": sum(r["tokens_per_s"] for r in steady) / len(steady),
+            "peak_gb": final["peak_memory_gb"], "planned_gb": planned_gb(model_dir, cfg)}
 
-    def step(i: int) -> int:
-        batch = batches[i % len(batches)]
-        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=gpu):
-            loss = token_loss_sum(model, batch) / max(1, int((batch["labels"] != -100).sum()))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return tokens_per_batch[i % len(batches)]
 
-    for i in range(2):  # warm-up: kernels chosen, memory pools grown
-        step(i)
-    if gpu:
-        torch.cuda.synchronize()
-    started, tokens = time.perf_counter(), 0
-    for i in range(args.steps):
-        tokens += step(i)
-    if gpu:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    n = shape["params"]
-    # Attention score and value matmuls: 2 * 2 * layers * hidden * (mean context) per token, x3 fwd+bwd.
-    attention = 12 * shape["layers"] * shape["hidden"] * seq / 4
-    tps = tokens / seconds
-    return {**shape, "tokens_per_s": tps, "seconds": seconds, "tokens": tokens,
-            "mfu_lora": tps * (4 * n + attention) / (args.peak_tflops * 1e12),
-            "mfu_6n": tps * 6 * n / (args.peak_tflops * 1e12),
-            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if gpu else float("nan")}
+def mean_attention_context(data: Path, model_dir: Path, seq_len: int) -> float:
+    """Token-weighted mean example length (the attention term per token is 12·L·h times it)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [min(seq_len, len(tokenizer(json.loads(line)["text"])["input_ids"]) + 1)
+               for line in data.read_text().splitlines()]
+    return sum(n * n for n in lengths) / sum(lengths)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,30 +165,60 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "none")
     parser.add_argument("--small", action="store_true", help="a tiny model, to check the code path")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument("--rows", type=int, default=4, help="packed rows per step")
-    parser.add_argument("--examples", type=int, default=400)
-    parser.add_argument("--attention", default="sdpa")
+    parser.add_argument("--rows", type=int, default=4, help="micro_batch_size: a micro-batch packs rows x seq-len tokens")
+    parser.add_argument("--global-batch", type=int, default=32, help="examples per optimizer step")
+    parser.add_argument("--examples", type=int, default=800)
+    parser.add_argument("--rows-to-run", default=",".join(f"{s}:{m}" for s, m in ROWS))
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     args = parser.parse_args(argv)
     if args.device == "none":
         section = (f"{SECTION}\n\nNot measured: `bench/gpu.py` found no CUDA device on the machine that ran "
-                   f"`make bench` ({machine()}). On a machine with one it measures a 0.5B Llama built from "
-                   "config (LoRA r=16, bf16, packed 4096-token rows, fused AdamW).\n")
-    else:
-        r = measure(args)
-        section = "\n".join([
-            SECTION, "",
-            f"`bench/gpu.py` on {datetime.now():%Y-%m-%d %H:%M} UTC. Machine: {machine()}.", "",
-            f"Llama from config: {r['params'] / 1e6:.0f}M parameters ({r['layers']} layers, hidden {r['hidden']}), "
-            f"LoRA r=16 on all linear layers, bf16 autocast, {args.attention} attention, {args.rows} packed rows "
-            f"of {args.seq_len} tokens per step, fused AdamW; {args.steps} timed steps after 2 warm-up.", "",
-            "| tokens/s | MFU (LoRA FLOPs: 4N + attention) | MFU (6N convention) | peak memory GB |",
-            "|---:|---:|---:|---:|",
-            f"| {r['tokens_per_s']:.0f} | {100 * r['mfu_lora']:.1f}% | {100 * r['mfu_6n']:.1f}% | {r['peak_gb']:.1f} |", "",
-        ])
+                   f"`make bench` ({machine()}). On a machine with one (`make gpu-check`) it runs the product's "
+                   "training loop in a one-GPU Ray Train worker on a 0.5B Llama built from config, for DDP, FSDP2 "
+                   "and ZeRO-3 with LoRA and DDP with QLoRA, and reports tokens/s, MFU (6N + attention) and peak "
+                   "memory against the planner.\n")
+        print(section)
+        replace_section(args.output, SECTION, section)
+        return 0
+
+    import ray
+
+    home = Path(tempfile.mkdtemp(prefix="eft-gpu-"))
+    model_dir, data = home / "model", home / "train.jsonl"
+    shape = build(model_dir, args.small)
+    build_data(data, args.examples, args.seq_len)
+    context = mean_attention_context(data, model_dir, args.seq_len)
+    flops_per_token = 6 * shape["non_embedding"] + 12 * shape["layers"] * shape["hidden"] * context
+    ray.init(address="local", num_cpus=4, log_to_driver=False, configure_logging=False)
+    results = []
+    try:
+        for row in args.rows_to_run.split(","):
+            strategy, method = row.split(":")
+            if method == "qlora" and args.device != "cuda":
+                continue  # bitsandbytes' 4-bit kernels need CUDA
+            result = run_row(model_dir, data, strategy, method, args)
+            result["mfu"] = result["tokens_per_s"] * flops_per_token / (args.peak_tflops * 1e12)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    finally:
+        ray.shutdown()
+    section = "\n".join([
+        SECTION, "",
+        f"`bench/gpu.py` on {datetime.now():%Y-%m-%d %H:%M} UTC. Machine: {machine()}.", "",
+        f"Llama from config: {shape['params'] / 1e6:.0f}M parameters ({shape['non_embedding'] / 1e6:.0f}M without "
+        f"embeddings; {shape['layers']} layers, hidden {shape['hidden']}), text examples of log-normal length "
+        f"(token-weighted mean context {context:.0f}), packed into micro-batches of {args.rows} x {args.seq_len} "
+        f"tokens, {args.global_batch} examples per step, {args.steps} steps; the product's training loop in a "
+        f"one-GPU Ray Train worker; MFU against {args.peak_tflops:g} TFLOP/s (6N + attention).", "",
+        "| strategy | method | attention | tokens/s | MFU | peak GB | planner GB | planner / peak |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+        *(f"| {r['strategy']} | {r['method']} | {r['attention']} | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | "
+          f"{r['peak_gb']:.2f} | {r['planned_gb']:.2f} | {r['planned_gb'] / r['peak_gb']:.2f} |" for r in results),
+        "",
+    ])
     print(section)
     replace_section(args.output, SECTION, section)
     return 0

@@ -12,8 +12,10 @@ all linear layers, prompt/completion data whose lengths follow a log-normal spre
 tokens, median about 100), global batch 16 in micro-batches of 4, max_seq_len 512, fp32 on CPU.
 
 1. Throughput, interleaved A,B,A,B over `--repeats` rounds, medians reported: the product's
-   job through `POST /jobs` (1 and 2 DDP workers, packing on, and 1 worker with packing off) and
-   `bench/baselines/hf_trainer.py` (1 process, and 2 under torchrun). Useful tokens/s = the
+   job through `POST /jobs` (1 and 2 DDP workers, packing on, and 1 worker with packing off)
+   against three baselines (1 process, and 2 under torchrun): `bench/baselines/hf_trainer.py`
+   with transformers' defaults and with length-grouped sampling, and `bench/baselines/trl_sft.py`
+   (TRL's SFTTrainer, packing padding-free). Useful tokens/s = the
    non-padding tokens of steps 2..N over the time of those steps (step 1 is warm-up on both
    sides): from the job's per-step metrics, from the baseline's step-end callback and collator.
 2. Service overhead: the same job's training config run by `bench/baselines/plain_loop.py` (the
@@ -56,9 +58,15 @@ from bench.report import replace_section  # noqa: E402
 SECTION = "## Speed: useful tokens/s, service overhead, start latency, API"
 PY = sys.executable
 GLOBAL_BATCH, MICRO_BATCH, MAX_SEQ_LEN = 16, 4, 512
-VARIANTS = ("p1", "hf1", "p2", "hf2", "p1_nopack", "api")
+VARIANTS = ("p1", "hf1", "hfg1", "trl1", "p2", "hf2", "hfg2", "trl2", "p1_nopack", "api")
+#: The baselines: (label, script, extra arguments).
+BASELINES = {
+    "hf": ("Trainer + PEFT, defaults", "bench/baselines/hf_trainer.py", []),
+    "hfg": ("Trainer + PEFT, `group_by_length`", "bench/baselines/hf_trainer.py", ["--sampling", "group_by_length"]),
+    "trl": ("TRL `SFTTrainer`, packing (bfd, padding-free)", "bench/baselines/trl_sft.py", []),
+}
 # What `measure` collects besides the tokens/s series (lists of one rate per run).
-NOT_RATES = ("starts", "api", "idle_busy", "niceness", "p1_steps", "plain_steps")
+NOT_RATES = ("starts", "api", "idle_busy", "niceness", "p1_steps", "plain_steps", "bare_start")
 
 
 def _free_port() -> int:
@@ -149,7 +157,7 @@ def job_body(model: str, data: str, workers: int, steps: int, packing: bool = Tr
              log_every: int = 1) -> dict[str, Any]:
     return {
         "name": f"speed-{workers}w{'' if packing else '-nopack'}", "model": model, "training_file": data,
-        "method": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.05},
+        "method": {"type": "lora", "r": 8, "alpha": 16},  # the service's default dropout (0), as the baselines
         "hyperparameters": {"max_steps": steps, "global_batch_size": GLOBAL_BATCH,
                             "micro_batch_size": MICRO_BATCH, "max_seq_len": MAX_SEQ_LEN, "log_every_steps": log_every},
         "scaling": {"min_workers": workers, "cpus_per_worker": 2 / workers},
@@ -236,11 +244,13 @@ def start_latency(run: dict[str, Any]) -> dict[str, float]:
             "first_step": first_step, "succeeded": _ts(job["finished_at"]) - created}
 
 
-def run_hf(model_dir: Path, data: Path, workers: int, steps: int) -> float:
+def run_hf(model_dir: Path, data: Path, workers: int, steps: int, baseline: str = "hf") -> float:
+    _, script, extra = BASELINES[baseline]
     out = Path(tempfile.mkdtemp(prefix="eft-hf-")) / "r.json"
-    args = ["bench/baselines/hf_trainer.py", "--model", str(model_dir), "--data", str(data), "--out", str(out),
-            "--steps", str(steps), "--global-batch", str(GLOBAL_BATCH), "--micro-batch", str(MICRO_BATCH),
-            "--max-seq-len", str(MAX_SEQ_LEN)]
+    args = [script, "--model", str(model_dir), "--data", str(data), "--out", str(out),
+            "--steps", str(steps), "--global-batch", str(GLOBAL_BATCH), "--max-seq-len", str(MAX_SEQ_LEN), *extra]
+    if baseline != "trl":
+        args += ["--micro-batch", str(MICRO_BATCH)]
     if workers > 1:
         cmd = [str(Path(PY).with_name("torchrun")), f"--nproc-per-node={workers}",
                f"--master-port={_free_port()}", *args]
@@ -249,6 +259,17 @@ def run_hf(model_dir: Path, data: Path, workers: int, steps: int) -> float:
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": str(2 // workers)})
     ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(workers)]
     return sum(r["tokens"] for r in ranks) / max(r["seconds"] for r in ranks)
+
+
+def run_bare(config: dict[str, Any]) -> float:
+    """Seconds from launching `bench/baselines/bare_trainer.py` (a bare TorchTrainer script with
+    the same loop and config) to its first optimizer step."""
+    directory = Path(tempfile.mkdtemp(prefix="eft-bare-"))
+    (directory / "cfg.json").write_text(json.dumps(config))
+    launched = time.time()
+    subprocess.run([PY, "bench/baselines/bare_trainer.py", "--config", str(directory / "cfg.json"),
+                    "--out", str(directory / "first.json")], check=True, cwd=ROOT, capture_output=True)
+    return json.loads((directory / "first.json").read_text())["first_step_at"] - launched
 
 
 def run_plain(config: dict[str, Any]) -> tuple[float, float, dict[int, float]]:
@@ -322,8 +343,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
     ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)
-    out: dict[str, Any] = {k: [] for k in ("p1", "p2", "p1_nopack", "hf1", "hf2", "plain", "p1_steady",
-                                           "plain_steady", "starts", "p1_steps", "plain_steps")}
+    out: dict[str, Any] = {k: [] for k in ("p1", "p2", "p1_nopack", "hf1", "hf2", "hfg1", "hfg2", "trl1", "trl2",
+                                           "plain", "p1_steady", "plain_steady", "starts", "p1_steps", "plain_steps",
+                                           "bare_start")}
     wanted = set(args.variants.split(","))
     api_key = "eft-bench-" + secrets.token_urlsafe(16)
     env = {"EFT_HOME": str(home), "EFT_RAY_DASHBOARD_URL": f"http://127.0.0.1:{dash_port}",
@@ -360,16 +382,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if round_ % 2 == 0 or plain_config is None:
                     plain_config = service.config_of(p1["job"]["id"])
                     plain_run(plain_config)
-            if "hf1" in wanted:
                 wait_quiet()
-                out["hf1"].append(run_hf(model_dir, data_path, 1, args.steps))
+                out["bare_start"].append(run_bare(plain_config))
+            for baseline in BASELINES:
+                if f"{baseline}1" in wanted:
+                    wait_quiet()
+                    out[f"{baseline}1"].append(run_hf(model_dir, data_path, 1, args.steps, baseline))
             if "p2" in wanted:
                 wait_quiet()
                 p2 = service.run_job(job_body(model, data, 2, args.steps, log_every=args.log_every))
                 out["p2"].append(p2["tps"])
-            if "hf2" in wanted:
-                wait_quiet()
-                out["hf2"].append(run_hf(model_dir, data_path, 2, args.steps))
+            for baseline in BASELINES:
+                if f"{baseline}2" in wanted:
+                    wait_quiet()
+                    out[f"{baseline}2"].append(run_hf(model_dir, data_path, 2, args.steps, baseline))
             if "p1_nopack" in wanted:
                 nopack = job_body(model, data, 1, args.steps, packing=False, log_every=args.log_every)
                 wait_quiet()
@@ -411,11 +437,18 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float, load_at
         f"either side (1 worker x 2 threads, or 2 workers x 1 thread). Every variant ran {args.repeats} times, "
         f"interleaved (A,B,A,B), so load from other work on the shared cores fell on each alike; "
         f"figures are medians, single runs after the colon.", "",
-        "### Useful (non-padding) tokens/s: this product vs transformers.Trainer + PEFT", "",
-        "| workers | eft job (packing) | Trainer + PEFT (`bench/baselines/hf_trainer.py`) | **ratio** |",
-        "|---:|---:|---:|---:|",
-        f"| 1 | {med['p1']:.0f} ({runs('p1')}) | {med['hf1']:.0f} ({runs('hf1')}) | **{med['p1'] / med['hf1']:.2f}** |",
-        f"| 2 | {med['p2']:.0f} ({runs('p2')}) | {med['hf2']:.0f} ({runs('hf2')}) | **{med['p2'] / med['hf2']:.2f}** |",
+        "### Useful (non-padding) tokens/s: this product vs the baselines", "",
+        "Baselines (same model, data, tokens, LoRA config, global batch and steps): "
+        "`bench/baselines/hf_trainer.py` (transformers' `Trainer` + PEFT, padding each micro-batch to its "
+        "longest example; with its defaults, and with `train_sampling_strategy=\"group_by_length\"`, "
+        "which groups examples of similar length into micro-batches) and `bench/baselines/trl_sft.py` "
+        "(TRL's `SFTTrainer` with packing, best-fit decreasing, padding-free rows; about as many tokens per "
+        "step as the product's batch). The ratio is the product's tokens/s over the baseline's.", "",
+        "| workers | eft job (packing) | " + " | ".join(BASELINES[b][0] for b in BASELINES) + " |",
+        "|---:|---:|" + "---:|" * len(BASELINES),
+        *(f"| {w} | {med[f'p{w}']:.0f} ({runs(f'p{w}')}) | " + " | ".join(
+            f"{med[f'{b}{w}']:.0f} ({runs(f'{b}{w}')}): **{med[f'p{w}'] / med[f'{b}{w}']:.2f}x**" for b in BASELINES) + " |"
+          for w in (1, 2)),
         "",
         f"The same eft job with `optimizations.packing: false` (padding each micro-batch to its longest "
         f"example, as the baseline does): {med['p1_nopack']:.0f} tokens/s ({runs('p1_nopack')}), so packing "
@@ -461,6 +494,11 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float, load_at
             ("dispatched", "dispatched (Ray Job running)"),
             ("first_step", "first optimizer step (metrics of step 1 stored)"),
             ("succeeded", "succeeded (adapter and manifest written)"))),
+        f"| a bare TorchTrainer script with the same loop and config (`bench/baselines/bare_trainer.py`): "
+        f"launch to first optimizer step | {statistics.median(out['bare_start']):.2f} "
+        f"({' / '.join(f'{v:.1f}' for v in out['bare_start'])}) |",
+        f"| **service / bare script, to the first step** | "
+        f"**{starts['first_step'] / statistics.median(out['bare_start']):.2f}** |",
         "",
         f"### API: {50} concurrent clients on loopback", "",
         "| request | count | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|---:|",

@@ -21,6 +21,13 @@ T = TypeVar("T")
 WORKERS = 2
 _pool: ProcessPoolExecutor | None = None
 _lock = threading.Lock()
+#: True in a helper process: work it hands on runs there, inline (no pool of its own).
+_in_helper = False
+
+
+def _mark_helper() -> None:
+    global _in_helper
+    _in_helper = True
 
 
 def _executor() -> ProcessPoolExecutor:
@@ -28,7 +35,8 @@ def _executor() -> ProcessPoolExecutor:
     with _lock:
         if _pool is None:
             # spawn, not fork: a replica has threads (the scheduler, the event loop) to not copy.
-            _pool = ProcessPoolExecutor(max_workers=WORKERS, mp_context=multiprocessing.get_context("spawn"))
+            _pool = ProcessPoolExecutor(max_workers=WORKERS, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_mark_helper)
         return _pool
 
 
@@ -36,6 +44,8 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` in a helper process; its exception, if any, is raised here. A
     helper that died (killed for memory) is replaced and the call made once more."""
     global _pool
+    if _in_helper:
+        return fn(*args, **kwargs)
     try:
         return _executor().submit(fn, *args, **kwargs).result()
     except BrokenProcessPool:

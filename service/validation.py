@@ -513,6 +513,34 @@ def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[
     return build_train_config(job.id, req, inputs, len(lengths), settings), stats
 
 
+def _validate_outcome(job: JobRecord, settings: Settings) -> tuple[str, Any]:
+    """`validate_job` in a helper process, its expected refusals returned as plain data (the
+    exceptions do not pickle as they are)."""
+    from eft.training.errors import TrainingUserError
+
+    try:
+        return "ok", validate_job(job, settings)
+    except TrainingUserError as exc:
+        return "user_error", (exc.code, exc.message, exc.param)
+    except RequestInvalid as exc:
+        return "invalid", exc.problems
+
+
+def validate_job_isolated(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[str, Any]]:
+    """`validate_job` in the replica's helper process (service/isolation.py): tokenising a job's
+    dataset is seconds of pure Python that, in the scheduler's thread, would hold the GIL the
+    replica's event loop needs for every request. Raises as `validate_job` does."""
+    from eft.service import isolation
+    from eft.training.errors import TrainingUserError
+
+    kind, value = isolation.run(_validate_outcome, job, settings)
+    if kind == "user_error":
+        raise TrainingUserError(*value)
+    if kind == "invalid":
+        raise RequestInvalid(value)
+    return value
+
+
 def tokenize_options(req: JobCreate) -> Any:
     from eft.training.data import TokenizeOptions
 

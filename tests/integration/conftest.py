@@ -30,9 +30,10 @@ def client(service):
 
 
 def validate_pending(store, settings, validate=None) -> None:
-    """One validation pass of the real scheduler (dispatching paused: no Ray is contacted)."""
+    """One validation pass of the real scheduler (dispatching paused: no Ray is contacted), its
+    validation in the helper process as in a replica."""
     from eft.service.scheduler import Scheduler
-    from eft.service.validation import validate_job
+    from eft.service.validation import validate_job_isolated
 
     Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
-              validate or validate_job).validate_pending()
+              validate or validate_job_isolated).validate_pending()

@@ -70,12 +70,13 @@ class ZeroStrategy:
     def backward(self, loss: torch.Tensor) -> None:
         self.model.backward(loss, scale_wrt_gas=False)
 
-    def step(self, lr: float) -> float | None:
+    def step(self, lr: float) -> Any:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.step()
+        # As DeepSpeed keeps it (a device tensor under ZeRO): the loop reads it at reports only.
         norm = self.model.get_global_grad_norm()
-        return float(norm) if norm is not None and self.cfg.max_grad_norm else None
+        return norm if norm is not None and self.cfg.max_grad_norm else None
 
     def _named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]

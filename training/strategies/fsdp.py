@@ -72,13 +72,15 @@ class FSDPStrategy:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def step(self, lr: float) -> float | None:
+    def step(self, lr: float) -> torch.Tensor | None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         norm = None
         if self.cfg.max_grad_norm:
             total = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), self.cfg.max_grad_norm)
-            norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+            # A tensor, not a float: reading it would wait for the device every step (the loop
+            # reads it at reports only); the DTensor's full value is a collective, not a host read.
+            norm = total.full_tensor() if hasattr(total, "full_tensor") else total
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
