@@ -51,7 +51,7 @@ clean:
 
 # TRL is one of the speed baselines (bench/baselines/trl_sft.py), not a dependency of the product.
 bench: setup
-	$(PY) -m pip install -q -c deploy/constraints.txt "trl>=1.16"
+	PYTHON=$(PYTHON) sh deploy/install.sh $(VENV) $(TORCH_VERSION) server,test,bench
 	$(PY) bench/memory.py
 	$(PY) bench/activations.py
 	$(PY) bench/recovery.py
