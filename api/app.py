@@ -26,14 +26,12 @@ from eft.api.routes import logs as logs_routes
 from eft.api.routes import manifest as manifest_routes
 from eft.api.routes import metrics as metrics_routes
 from eft.api.routes import ui as ui_routes
-from eft.service import jsonlog
 from eft.service.auth import KeyStore
 from eft.service.errors import Problem, RequestInvalid, ServiceError
 from eft.service.file_checks import owned_inputs
 from eft.service.jobs import JobService
 from eft.service.logs import LogStreams
 from eft.service.ratelimit import TenantRateLimiter
-from eft.service.settings import Settings
 from eft.service.validation import check_raw_inputs
 
 log = logging.getLogger("eft.api")

@@ -81,24 +81,10 @@ def build_data(path: Path, examples: int, seq_len: int) -> None:
 
 def _loop(config: dict[str, Any]) -> None:
     """The product's worker function, its reports kept in a file (no job store here)."""
-    import torch
-
-    from eft.training.config import TrainConfig
-    from eft.training.loop import Recipe
+    from bench.baselines.plain_loop import run_recipe
 
     rows: list[dict[str, Any]] = []
-
-    class Recorded(Recipe):
-        def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
-            if self.rank == 0:
-                rows.append({"step": self.step, **metrics})
-
-    cfg = TrainConfig.from_dict(config["train"])
-    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
-    recipe = Recorded(cfg)
-    recipe.setup()
-    recipe.train()
-    recipe.finish()
+    recipe = run_recipe(config["train"], lambda r, metrics: rows.append({"step": r.step, **metrics}))
     if recipe.rank == 0:
         Path(config["out"]).write_text(json.dumps(rows))
 
@@ -192,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     build_data(data, args.examples, args.seq_len)
     context = mean_attention_context(data, model_dir, args.seq_len)
     flops_per_token = 6 * shape["non_embedding"] + 12 * shape["layers"] * shape["hidden"] * context
-    ray.init(address="local", num_cpus=4, log_to_driver=False, configure_logging=False)
+    # The workers import bench/ (the loop's wrapper) from the repository.
+    ray.init(address="local", num_cpus=4, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     results = []
     try:
         for row in args.rows_to_run.split(","):

@@ -26,24 +26,16 @@ sys.path.insert(0, str(ROOT))
 
 
 def bare_loop(config: dict[str, Any]) -> None:
-    """`training.loop.train_loop_per_worker` whose first metrics report stamps the time."""
-    import torch
-
-    from eft.training.config import TrainConfig
-    from eft.training.loop import Recipe
+    """The product's worker loop, whose first metrics report stamps the time."""
+    from bench.baselines.plain_loop import run_recipe
 
     out = Path(config["out"])
 
-    class Stamped(Recipe):
-        def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
-            if self.rank == 0 and self.step == 1:
-                out.write_text(json.dumps({"first_step_at": time.time()}))
+    def stamp(recipe: Any, metrics: dict[str, float]) -> None:
+        if recipe.rank == 0 and recipe.step == 1:
+            out.write_text(json.dumps({"first_step_at": time.time()}))
 
-    cfg = TrainConfig.from_dict(config["train"])
-    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
-    recipe = Stamped(cfg)
-    recipe.setup()
-    recipe.train()
+    run_recipe(config["train"], stamp, finish=False)
 
 
 def main() -> None:
@@ -58,7 +50,8 @@ def main() -> None:
 
     cfg = json.loads(Path(args.config).read_text())
     cfg["checkpoint_root"] = tempfile.mkdtemp(prefix="eft-bare-")
-    ray.init(address="auto", log_to_driver=False)
+    # The workers import bench/ (the loop's wrapper) from the repository.
+    ray.init(address="auto", log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     trainer = ray.train.torch.TorchTrainer(
         bare_loop, train_loop_config={"train": cfg, "out": args.out},
         scaling_config=ScalingConfig(num_workers=cfg["min_workers"], resources_per_worker={"CPU": cfg["cpus_per_worker"]}),

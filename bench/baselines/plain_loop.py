@@ -16,32 +16,39 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def plain_loop(config: dict[str, Any]) -> None:
-    """`training.loop.train_loop_per_worker` with the per-step metrics kept in a list instead of
-    sent to the job store's progress actor."""
+def run_recipe(train: dict[str, Any], publish: Callable[[Any, dict[str, float]], None], finish: bool = True) -> Any:
+    """`training.loop.train_loop_per_worker` on the TrainConfig dict `train`, each metrics report
+    handed to `publish(recipe, metrics)` instead of the job store's progress actor. Returns
+    the recipe (its rank, its step)."""
     import torch
 
     from eft.training.config import TrainConfig
     from eft.training.loop import Recipe
 
-    rows: list[dict[str, Any]] = config["rows"]
-
-    class PlainRecipe(Recipe):
+    class Published(Recipe):
         def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
-            rows.append({"step": self.step, "values": dict(metrics)})
+            publish(self, metrics)
 
-    cfg = TrainConfig.from_dict(config["train"])
+    cfg = TrainConfig.from_dict(train)
     torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
-    recipe = PlainRecipe(cfg)
+    recipe = Published(cfg)
     recipe.setup()
     recipe.train()
-    recipe.finish()
+    if finish:
+        recipe.finish()
+    return recipe
+
+
+def plain_loop(config: dict[str, Any]) -> None:
+    """The loop with the per-step metrics kept in a list."""
+    rows: list[dict[str, Any]] = config["rows"]
+    run_recipe(config["train"], lambda recipe, metrics: rows.append({"step": recipe.step, "values": dict(metrics)}))
 
 
 def main() -> None:
