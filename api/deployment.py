@@ -14,7 +14,7 @@ import threading
 from ray import serve
 
 from eft.api.app import create_app
-from eft.service import credentials, jsonlog
+from eft.service import credentials, isolation, jsonlog
 from eft.service.jobs import JobService
 from eft.service.launcher import RayJobsLauncher
 from eft.service.scheduler import Scheduler
@@ -40,6 +40,7 @@ class EftService:
         credentials.load()  # the secrets file EFT_SECRETS_FILE names, if any
         settings = get_settings()
         self.job_service, self.scheduler = build_service(settings)
+        isolation.warm()
         self._thread = threading.Thread(
             target=self.scheduler.run_forever, name="eft-scheduler", daemon=True
         )

@@ -241,6 +241,7 @@ def start_latency(run: dict[str, Any]) -> dict[str, float]:
     at = {e["type"]: _ts(e["created_at"]) - created for e in reversed(events)}
     first_step = min(_ts(m["created_at"]) for m in run["metrics"]) - created
     return {"validated": at.get("queued", float("nan")), "dispatched": at.get("dispatched", float("nan")),
+            "driver": at.get("training_started", float("nan")),
             "first_step": first_step, "succeeded": _ts(job["finished_at"]) - created}
 
 
@@ -492,6 +493,7 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float, load_at
         *(f"| {label} | {starts[key]:.2f} |" for key, label in (
             ("validated", "validated (dataset scanned and tokenised, planned)"),
             ("dispatched", "dispatched (Ray Job running)"),
+            ("driver", "the job's driver running (its Ray Job's process started, the driver imported)"),
             ("first_step", "first optimizer step (metrics of step 1 stored)"),
             ("succeeded", "succeeded (adapter and manifest written)"))),
         f"| a bare TorchTrainer script with the same loop and config (`bench/baselines/bare_trainer.py`): "

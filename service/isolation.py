@@ -17,9 +17,11 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
-#: Helper processes per replica: scans of different requests run side by side.
-WORKERS = 2
-_pool: ProcessPoolExecutor | None = None
+#: Helper processes per replica and pool: scans of different requests run side by side; jobs
+#: are validated one at a time (the scheduler's pass is sequential) by one helper, which keeps
+#: the tokenizers and model inspections it loaded for the next job.
+POOLS = {"scan": 2, "validate": 1}
+_pools: dict[str, ProcessPoolExecutor] = {}
 _lock = threading.Lock()
 #: True in a helper process: work it hands on runs there, inline (no pool of its own).
 _in_helper = False
@@ -30,25 +32,44 @@ def _mark_helper() -> None:
     _in_helper = True
 
 
-def _executor() -> ProcessPoolExecutor:
-    global _pool
+def _executor(pool: str) -> ProcessPoolExecutor:
     with _lock:
-        if _pool is None:
+        if pool not in _pools:
             # spawn, not fork: a replica has threads (the scheduler, the event loop) to not copy.
-            _pool = ProcessPoolExecutor(max_workers=WORKERS, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_mark_helper)
-        return _pool
+            _pools[pool] = ProcessPoolExecutor(max_workers=POOLS[pool], initializer=_mark_helper,
+                                               mp_context=multiprocessing.get_context("spawn"))
+        return _pools[pool]
 
 
-def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)` in a helper process; its exception, if any, is raised here. A
-    helper that died (killed for memory) is replaced and the call made once more."""
-    global _pool
+def run(fn: Callable[..., T], *args: Any, pool: str = "scan", **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` in a helper process of `pool`; its exception, if any, is raised
+    here. A helper that died (killed for memory) is replaced and the call made once more."""
     if _in_helper:
         return fn(*args, **kwargs)
     try:
-        return _executor().submit(fn, *args, **kwargs).result()
+        return _executor(pool).submit(fn, *args, **kwargs).result()
     except BrokenProcessPool:
         with _lock:
-            _pool = None
-        return _executor().submit(fn, *args, **kwargs).result()
+            _pools.pop(pool, None)
+        return _executor(pool).submit(fn, *args, **kwargs).result()
+
+
+def warm() -> None:
+    """Start the helper processes now, in the background, with what checking a job imports:
+    spawning them (an interpreter, torch, transformers: seconds) would otherwise delay the
+    first jobs a replica checks."""
+    def start() -> None:
+        futures = [_executor(pool).submit(_import_validation) for pool, size in POOLS.items() for _ in range(size)]
+        for future in futures:
+            future.result()
+
+    threading.Thread(target=start, name="eft-isolation-warm", daemon=True).start()
+
+
+def _import_validation() -> None:
+    import transformers  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401
+
+    import eft.service.model_support  # noqa: F401
+    import eft.service.validation  # noqa: F401
+    import eft.training.datacache  # noqa: F401

@@ -533,7 +533,7 @@ def validate_job_isolated(job: JobRecord, settings: Settings) -> tuple[TrainConf
     from eft.service import isolation
     from eft.training.errors import TrainingUserError
 
-    kind, value = isolation.run(_validate_outcome, job, settings)
+    kind, value = isolation.run(_validate_outcome, job, settings, pool="validate")
     if kind == "user_error":
         raise TrainingUserError(*value)
     if kind == "invalid":

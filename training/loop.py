@@ -34,7 +34,7 @@ from eft.training.steps import host_peak_memory_gb, lr_lambda, peak_memory_gb, t
 from eft.training.data import DataError, TokenizeOptions, collate, global_batch_indices, shard_for_rank
 from eft.training.datacache import load_examples_cached
 from eft.training.errors import TrainingUserError
-from eft.training.model import load_trainable_model, pretrained_path
+from eft.training.model import load_trainable_model, pretrained_path, skip_unused_quantization
 from eft.training.packing import balance_by_tokens, collate_packed, packed_inputs, packed_micro_batches, real_tokens
 from eft.training.strategies import build_strategy
 
@@ -420,6 +420,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Entry point of every Ray Train worker: `config` holds the TrainConfig as a dict under
     "train" and, optionally, a ProgressSink actor handle under "progress"."""
     cfg = TrainConfig.from_dict(config["train"])
+    skip_unused_quantization(cfg)
     torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
     recipe = Recipe(cfg, config.get("progress"))
     try:
