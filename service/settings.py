@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     preemption_poll_interval_s: float = Field(
         2.0, gt=0, description="How often Ray Train looks for drained (preempted) nodes."
     )
+    train_poll_interval_s: float = Field(
+        0.5, gt=0, le=10, description="How often a job's Ray Train controller polls its workers "
+        "(Ray's default is 2 s): it takes one report per worker per poll, so checkpoints closer "
+        "than this wait, and a failed worker is noticed within it."
+    )
     worker_start_timeout_s: float = Field(
         30.0, ge=5, description="How long a worker group may take to start before it is retried "
         "(a node that just left can still look free for a while)."
@@ -213,6 +218,7 @@ class Settings(BaseSettings):
             # Ray Train reads these in the driver and hands them to its controller and workers.
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(self.preemption_poll_interval_s),
             "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(self.worker_start_timeout_s),
+            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(self.train_poll_interval_s),
         }
         if self.database_url:
             env["EFT_DATABASE_URL_REDACTED"] = redacted_url(self.database_url)

@@ -39,7 +39,7 @@ __all__ = [
     "PlacementGroupCleanerCallback", "PreemptingState", "PreemptionCallback", "PreemptionContext",
     "PreemptionWatcher", "ReschedulingState", "ResizingState", "RestartingState", "RunningState",
     "SchedulingState", "env_bool", "get_ray_address_from_environment", "get_train_context",
-    "ray_version_tested", "train_context",
+    "ray_version_tested", "reports_in_flight", "train_context",
 ]
 
 
@@ -51,6 +51,17 @@ def env_bool(name: str, default: bool) -> bool:
 def get_train_context():  # noqa: ANN201 - Ray Train's TrainContext of this worker
     """This Ray Train worker's own context (raises RuntimeError outside a worker)."""
     return train_context.get_train_context()
+
+
+def reports_in_flight() -> int:
+    """This worker's reports that the Train controller has not taken yet: made but not queued
+    (an asynchronous checkpoint still persisting, or waiting its turn), or queued in the
+    worker's one-slot result queue until the controller's next poll. 0 outside a worker."""
+    try:
+        ctx = train_context.get_train_context()
+    except RuntimeError:
+        return 0
+    return max(0, ctx.report_call_index - ctx.current_report_index) + ctx.get_result_queue().qsize()
 
 
 def dashboard_auth_headers() -> dict[str, str]:

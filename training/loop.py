@@ -41,6 +41,9 @@ from eft.training.strategies import build_strategy
 #: Seconds of training between two looks for a preemption notice (Ray Train's watcher itself
 #: polls the cluster every few seconds; a spot notice gives 30 s or more).
 PREEMPTION_CHECK_INTERVAL_S = 1.0
+#: How long an interval checkpoint waits for the controller to take the previous report (it
+#: polls every EFT_TRAIN_POLL_INTERVAL_S); past that it is queued behind it anyway.
+REPORT_WAIT_S = 30.0
 #: How long past the preemption deadline a worker waits to be stopped before giving up.
 PREEMPTION_TEARDOWN_GRACE_S = 60.0
 
@@ -265,14 +268,14 @@ class Recipe:
 
         Interval and time checkpoints are handed to Ray Train asynchronously: its background
         thread persists the written directory and queues the report while training goes on.
-        Synchronously, each report would wait for the controller to take the one before off the
-        worker's one-slot queue, which it does once per poll (2 s), stalling training whenever
-        checkpoints come closer than that. Preemption and final checkpoints stay synchronous:
-        they must be persisted before the worker stops."""
+        Synchronously, each report would wait for the controller to take it off the worker's
+        one-slot queue, which it does once per poll. Preemption and final checkpoints stay
+        synchronous: they must be persisted before the worker stops."""
         if not with_checkpoint:
             ray.train.report(metrics)
             return
         if reason in ("interval", "time"):
+            self._wait_for_previous_report()
             directory = Path(tempfile.mkdtemp(prefix="eft-ckpt-"))
             trainable = checkpoint.save(directory, self.strategy, self.rank, self.step,
                                         self.world_size, reason, metrics)
@@ -296,6 +299,18 @@ class Recipe:
             saved = ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None
             ray.train.report(metrics, checkpoint=saved)
         self.last_checkpoint_at = time.monotonic()
+
+    def _wait_for_previous_report(self) -> None:
+        """Wait until the Train controller has taken this worker's previous report. At most one
+        checkpoint is in flight: each is saved at its exact step, and the one a restart resumes
+        from is never more than one interval behind. Checkpoints as far apart as the
+        controller's poll (`EFT_TRAIN_POLL_INTERVAL_S`) never wait here; closer ones wait out
+        the difference instead of piling up."""
+        from eft.training._ray import reports_in_flight
+
+        give_up_at = time.monotonic() + REPORT_WAIT_S
+        while reports_in_flight() and time.monotonic() < give_up_at:
+            time.sleep(0.005)
 
     def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
         """Rank 0 sends a step's metrics to the progress sink without waiting, unless `wait`."""
