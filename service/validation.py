@@ -243,19 +243,41 @@ def tokenizer_problem(model_path: str) -> Problem | None:
 
 
 def check_chat_template(model_path: str, path: Path, param: str, req: JobCreate) -> list[Problem]:
-    """The first chat records of a file rendered and masked with the model's own template."""
-    from eft.training.chat import TemplateError, tokenize_chat
+    """The first chat records of a file rendered and masked with the model's own template.
 
+    Remembered per file version, tokenizer files and options: rendering is most of a create's
+    CPU, and jobs are created again and again on the same file and model."""
     unavailable = tokenizer_problem(model_path)
     if unavailable is not None:
         return [unavailable]
+    try:
+        stat = path.stat()
+    except OSError:
+        stat = None
+    if stat is None:
+        return _check_chat_template(model_path, path, param, req.data.train_on, req.data.system_message,
+                                    tuple(sorted(req.data.columns.items())))
+    return list(_checked_chat_template(model_path, _tokenizer_signature(model_path), str(path),
+                                       (stat.st_size, stat.st_mtime_ns, stat.st_ino), param, req.data.train_on,
+                                       req.data.system_message, tuple(sorted(req.data.columns.items()))))
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_chat_template(model_path: str, _signature: Any, path: str, _version: tuple[int, int, int], param: str,
+                           train_on: str, system_message: str, columns: tuple[tuple[str, str], ...]) -> tuple[Problem, ...]:
+    return tuple(_check_chat_template(model_path, Path(path), param, train_on, system_message, columns))
+
+
+def _check_chat_template(model_path: str, path: Path, param: str, train_on: str, system_message: str,
+                         columns: tuple[tuple[str, str], ...]) -> list[Problem]:
+    from eft.training.chat import TemplateError, tokenize_chat
+
     with request_tokenizer(model_path) as tokenizer:
-        for lineno, record, error in itertools.islice(iter_records(path, columns=req.data.columns), TEMPLATE_SAMPLE):
+        for lineno, record, error in itertools.islice(iter_records(path, columns=dict(columns)), TEMPLATE_SAMPLE):
             if error or not isinstance(record, dict) or "messages" not in record:
                 continue
             try:
-                tokenize_chat(tokenizer, record["messages"], record.get("tools"),
-                              req.data.train_on, req.data.system_message)
+                tokenize_chat(tokenizer, record["messages"], record.get("tools"), train_on, system_message)
             except TemplateError as exc:
                 return [Problem(f"{param}:line {lineno}:{exc.field}", f"chat_{exc.rule}",
                                 f"{path.name} line {lineno}: {exc}")]

@@ -66,6 +66,20 @@ def test_a_template_without_system_role_is_a_422_naming_the_line_and_the_fix(ser
     assert r.status_code == 201, r.text
 
 
+def test_a_file_rewritten_in_place_is_checked_again(service, eft_home):
+    """The template check is remembered per file version: the same file passes once, and
+    rewritten with a record the template refuses (same name, new content) it is a 422."""
+    clients, _, _ = service
+    data = write(eft_home, "rewritten.jsonl", [chat(1), chat(2)])
+    for _ in range(2):  # the second create is answered from the remembered check
+        r = clients["acme"].post("/jobs", json={"model": "tiny-gemma-2", "training_file": data})
+        assert r.status_code == 201, r.text
+    write(eft_home, "rewritten.jsonl", [chat(1), chat(2, system=True), chat(3)])
+    r = clients["acme"].post("/jobs", json={"model": "tiny-gemma-2", "training_file": data})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["errors"][0]["code"] == "chat_template_refused"
+
+
 def test_chat_data_for_a_model_without_chat_template_is_a_422(service, eft_home):
     clients, _, _ = service
     data = write(eft_home, "chat.jsonl", [chat(1)])
