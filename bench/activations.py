@@ -73,7 +73,7 @@ def measure(family: str) -> dict:
                                                      target_modules=peft_target_modules(support.lora_spec("all-linear"))))
         model.train()
         spec = PlanSpec(arch, method=method, seq_len=SEQ, micro_batch=BATCH, precision="fp32", device="cpu",
-                        **({"lora_r": 8} if method == "lora" else {}))
+                        **({"lora_r": 8, "lora_dropout": 0.05} if method == "lora" else {}))
         row[method] = (forward_bytes(spec, Configuration("ddp", attention=attention)), saved_bytes(model, ids))
     return row
 

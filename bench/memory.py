@@ -18,7 +18,7 @@ What it does
 2. Asks the planner (`architecture_from_config` on that directory, `PlanSpec` for a CPU job,
    `Configuration("ddp", gradient_checkpointing=..., attention="sdpa")`, `estimate_memory`), in
    the same run, for every row of the grid: LoRA r=8 / LoRA r=64 (all-linear; alpha 16 and
-   dropout 0.05, the service's defaults) / full fine-tuning, x gradient checkpointing off / on,
+   dropout 0.05, the case with the most to count: the service's default dropout is 0) / full fine-tuning, x gradient checkpointing off / on,
    x sequence length 256 / 1024, micro batch 4, one worker; LoRA r=64 at s=256 only, to stay
    under 6 minutes on 2 idle cores (GRID_NOTE): 10 rows.
 3. Runs every row in a FRESH subprocess (this file with `--worker`), so that the process's peak
@@ -265,7 +265,8 @@ def render(info: dict[str, str], rows: list[tuple[Row, dict, dict]], args: argpa
         f"`load_trainable_model` ({args.precision}, sdpa attention). {args.steps} training steps "
         f"per row (AdamW, clipping at 1.0) on one worker, {'the GPU' if cuda else 'the CPU'} with "
         f"{args.threads} threads, each row in a fresh process. LoRA: all-linear, alpha 16, dropout "
-        "0.05 (the service's defaults). " + note, "",
+        "0.05 (the case with the most to count: every adapted linear keeps a dropout mask and output; "
+        "the service's default dropout is 0). " + note, "",
         "Units: GB = 10^9 bytes. *Planner*: `estimate_memory` for the job the row runs, planned as "
         f"the service plans it (`precision=\"{args.precision}\"`, `device=\"{device}\"`, one "
         "worker, no gradient accumulation), its terms as given; its total is the prediction, "

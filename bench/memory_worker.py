@@ -90,7 +90,9 @@ def worker(spec: dict) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     baseline = resident()
 
-    lora = LoraSpec(r=spec["r"]) if spec["method"] == "lora" else None
+    # Dropout 0.05, as the planner is asked (bench/memory.py): the case where every adapted
+    # linear keeps a dropout mask and output (the service's default is 0).
+    lora = LoraSpec(r=spec["r"], dropout=0.05) if spec["method"] == "lora" else None
     cfg = TrainConfig(
         job_id="bench-memory", model_path=spec["model_path"], training_file="", validation_file=None,
         method=spec["method"], lora=lora, total_steps=spec["steps"], num_train_examples=0,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,19 @@ def _signature(path: Path) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
+#: One inspection at a time per process: concurrent requests for a model not inspected yet
+#: would otherwise import the same transformers modules from several threads at once, which
+#: transformers' lazy module does not support (`getattr(transformers, "LlamaForCausalLM")`
+#: raised AttributeError in a thread while another was importing it). Cached results are
+#: read under the lock too: a dictionary lookup.
+_INSPECT_LOCK = threading.Lock()
+
+
 def inspect_model(model_path: str) -> ModelSupport:
     """The support facts of a local model directory. Raises RequestInvalid (param "model")."""
     path = Path(model_path)
-    return _inspect(str(path.resolve()), _signature(path))
+    with _INSPECT_LOCK:
+        return _inspect(str(path.resolve()), _signature(path))
 
 
 def _kind(path: str) -> str:

@@ -233,7 +233,8 @@ def _request_tokenizer(model_path: str, _signature: tuple[tuple[str, int, int], 
 def tokenizer_problem(model_path: str) -> Problem | None:
     """Why the model's tokenizer cannot load (then loaded and cached for `request_tokenizer`)."""
     try:
-        _request_tokenizer(model_path, _tokenizer_signature(model_path))
+        with request_tokenizer(model_path):  # loaded by one thread at a time (lazy imports)
+            pass
     except Exception as exc:  # noqa: BLE001 - any reason a tokenizer cannot load is the model's
         return Problem("model", "tokenizer_unavailable",
                        f"cannot load the model's tokenizer ({type(exc).__name__}: {str(exc)[:300]}): "
