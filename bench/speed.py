@@ -407,7 +407,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         out["idle_busy"] = busy_fraction(10.0)  # the idle cluster's own CPU over 10 s
         out["niceness"] = int(os.environ["RAY_worker_niceness"])
         if "api" in wanted:
-            deploy_app({**env, "EFT_DISPATCH_PAUSED": "true", "EFT_MAX_ACTIVE_JOBS_PER_TENANT": "100000"})
+            # The service's capacity, not a tenant's limits: quotas and rate limits off.
+            deploy_app({**env, "EFT_DISPATCH_PAUSED": "true", "EFT_MAX_ACTIVE_JOBS_PER_TENANT": "100000",
+                        "EFT_REQUESTS_PER_S_PER_TENANT": "1000000", "EFT_REQUEST_BURST_PER_TENANT": "1000000"})
             wait_healthy(url)
             out["api"] = api_benchmark(url, api_key, service)
     finally:
