@@ -55,13 +55,12 @@ def run(fn: Callable[..., T], *args: Any, pool: str = "scan", **kwargs: Any) -> 
 
 
 def warm() -> None:
-    """Start the helper processes now, in the background, with what checking a job imports:
-    spawning them (an interpreter, torch, transformers: seconds) would otherwise delay the
-    first jobs a replica checks."""
+    """Start the validating helper now, in the background, with what checking a job imports:
+    spawning it (an interpreter, torch, transformers: seconds of CPU) would otherwise delay the
+    first job a replica validates. The scan helpers start on first use: warming them too would
+    take that much CPU again from whatever the node runs meanwhile."""
     def start() -> None:
-        futures = [_executor(pool).submit(_import_validation) for pool, size in POOLS.items() for _ in range(size)]
-        for future in futures:
-            future.result()
+        _executor("validate").submit(_import_validation).result()
 
     threading.Thread(target=start, name="eft-isolation-warm", daemon=True).start()
 
