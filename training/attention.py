@@ -66,10 +66,13 @@ def _segment_eager(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 def _segment_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
                   window: int | None, dropout: float) -> torch.Tensor:
     length = query.shape[2]
+    # Grouped-query attention without repeating the key/value heads (SDPA broadcasts them).
+    gqa = query.shape[1] != key.shape[1]
     if window is not None and window < length:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=_window_mask(length, window, query.device),
-                                              dropout_p=dropout, scale=scaling)
-    return F.scaled_dot_product_attention(query, key, value, is_causal=True, dropout_p=dropout, scale=scaling)
+                                              dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(query, key, value, is_causal=True, dropout_p=dropout, scale=scaling,
+                                          enable_gqa=gqa)
 
 
 def _bounds(cu_seq_lens: torch.Tensor) -> list[int]:
@@ -95,22 +98,24 @@ def _varlen(kernel: str, module: torch.nn.Module, query: torch.Tensor, key: torc
         raise ValueError("attention sinks are not supported by packed attention: train this model with packing off")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    groups = query.shape[1] // key.shape[1]
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    eager = kernel == "eager" or softcap is not None
+    if eager:
+        groups = query.shape[1] // key.shape[1]
+        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     training = module.training
     dropout = dropout if training else 0.0
-    outputs = []
     bounds = _bounds(cu_seq_lens_q)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        q, k, v = query[:, :, start:end], key[:, :, start:end], value[:, :, start:end]
-        if kernel == "eager" or softcap is not None:
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    if bounds[-1] < query.shape[2]:  # a tail outside every example (none from our collator): its own segment
+        lengths.append(query.shape[2] - bounds[-1])
+    # `split`, not slicing: its backward is one concatenation of the segments' gradients, where
+    # each slice's backward would fill a zero tensor the size of the whole row.
+    outputs = []
+    for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2)):
+        if eager:
             outputs.append(_segment_eager(q, k, v, scaling, sliding_window, softcap, dropout, training))
         else:
             outputs.append(_segment_sdpa(q, k, v, scaling, sliding_window, dropout))
-    covered = bounds[-1]
-    if covered < query.shape[2]:  # a tail outside every example (none from our collator): attend causally
-        outputs.append(_segment_sdpa(query[:, :, covered:], key[:, :, covered:], value[:, :, covered:],
-                                     scaling, sliding_window, dropout))
     out = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
     return out.transpose(1, 2).contiguous(), None
 
