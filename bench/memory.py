@@ -226,15 +226,15 @@ def measures(pred: dict[str, float], m: dict, row: Row) -> dict[str, float]:
     """The per-row figures of both tables, GB (NaN where the phase step did not run)."""
     ph = m["phase"]
     nan = float("nan")
-    # what cross-entropy keeps from the forward: its fp32 log-softmax of the b·(s-1) shifted logits
-    log_softmax = 4 * row.micro_batch * (row.seq_len - 1) * pred["vocab"] / GB
+    # what the loss keeps from the forward: the logits' gradient (fp32 here), written as it goes
+    loss_grad = 4 * row.micro_batch * row.seq_len * pred["vocab"] / GB
     rel = {k: (v - ph["start"]) / GB for k, v in ph.items()} if ph else {}
     return {
         "rss": (m["peak"] - m["baseline"]) / GB,
         "tensors": m["tensor_peak"] / GB if ph else nan,
         "process": m["peak"] / GB,
         "act_pred": pred["forward"],
-        "act_meas": rel["forward"] - log_softmax if ph else nan,
+        "act_meas": rel["forward"] - loss_grad if ph else nan,
         "grad_meas": rel["backward"] if ph else m["grad_bytes"] / GB,
         "adam_meas": m["optimizer_bytes"] / GB,
         # the step's high point above its start: activations and loss buffers (or the recomputed
@@ -302,11 +302,12 @@ def render(info: dict[str, str], rows: list[tuple[Row, dict, dict]], args: argpa
         "read from the " + ("CUDA allocator" if cuda else "profiler's record of every allocation "
         "and free (it runs after the peak was read: its event buffers inflate the resident set)")
         + " at the boundaries of its phases. *Forward*: growth across the forward pass, less the "
-        "log-softmax that cross-entropy keeps (4·b·(s−1)·V bytes), against `forward_bytes` "
+        "logits' gradient that the chunked loss writes in its forward (4·b·s·V bytes), against `forward_bytes` "
         "(every layer's saved tensors, or with checkpointing the layer inputs, and the final "
         "norm's). *Gradients*: live bytes after backward − before forward. *AdamW*: bytes of the "
         "optimizer's state tensors. *Step peak*: the step's highest point above its start, "
-        "against the larger of the activation term (forward + the loss buffers, 12·s·b·V bytes, "
+        "against the larger of the activation term (forward + the loss buffers: the logits and their "
+        "gradient, 8·s·b·V bytes, and one chunk's fp32 buffers, 8·c·V, c = min(s·b, 2^23 / V) tokens; "
         "or the layer checkpointing recomputes) and the gradients. *RSS after load*: resident set "
         "after `load_trainable_model` − baseline.",
         "",
@@ -344,8 +345,10 @@ AdamW states are byte counts (4θ or 4θ + 4φ, 4φ, 8φ in fp32). The activatio
 operation, from what autograd saves in a Llama layer: with LoRA every adapted linear keeps its
 dropout's noise tensor and output (on the CPU dropout multiplies by a full-size noise tensor),
 frozen linears and norms keep nothing for their weights, and sdpa stores no attention scores, so
-the activations grow with the tokens, not with their square. The loss keeps 12 bytes per token
-and vocabulary entry at its peak (the logits, their fp32 copy and log-softmax, then its gradient);
+the activations grow with the tokens, not with their square. The loss is computed in chunks of
+tokens and writes the logits' gradient as it goes: at its peak the logits and their gradient (2·e
+bytes per token and vocabulary entry) and one chunk's fp32 buffers, never a whole micro-batch's
+fp32 logits and log-softmax;
 with checkpointing, the one layer recomputed in backward never coexists with it, and the larger
 counts. Without gradient accumulation the gradients appear in backward as the activations are
 freed: the step's peak holds the activations or the gradients, not both. The planner leaves out

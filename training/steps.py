@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from eft.training.config import TrainConfig
+from eft.training.data import IGNORE_INDEX
 
 
 def lr_lambda(cfg: TrainConfig):
@@ -49,10 +49,77 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids",
                 "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
+#: fp32 values (chunk tokens x vocabulary) the loss works on at a time: 8M, about 100 MB of
+#: temporaries whatever the micro-batch and the vocabulary. The planner counts the same chunk
+#: (`eft.planner.memory.loss_chunk_tokens`).
+LOSS_CHUNK_ELEMENTS = 1 << 23
+
+
+def loss_chunk_tokens(vocab_size: int) -> int:
+    """Tokens per loss chunk: 65 for Llama 3's 128k vocabulary, at least 64."""
+    return max(64, LOSS_CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def _chunks(logits: torch.Tensor, labels: torch.Tensor, chunk: int, total: torch.Tensor,
+            grad: torch.Tensor | None) -> None:
+    """Add each chunk's loss to `total` and write its gradient to `grad` (when given)."""
+    for start in range(0, logits.shape[0], chunk):
+        z = logits[start:start + chunk].to(torch.float32, copy=True)  # never the logits themselves
+        y = labels[start:start + chunk]
+        targeted = y != IGNORE_INDEX
+        y = y.masked_fill(~targeted, 0)
+        log_z = torch.logsumexp(z, dim=-1)
+        total += ((log_z - z.gather(1, y[:, None]).squeeze(1)) * targeted).sum()
+        if grad is not None:
+            # d(sum of -log softmax[y]) / dz = softmax(z) - onehot(y), on targeted rows only.
+            z.sub_(log_z[:, None]).exp_()
+            z.scatter_add_(1, y[:, None], torch.full_like(z[:, :1], -1.0))
+            z.mul_(targeted[:, None])
+            grad[start:start + chunk] = z
+
+
+class _TokenCrossEntropySum(torch.autograd.Function):
+    """Sum of cross-entropy over the targeted rows of `logits` [N, V], in chunks of rows.
+
+    Each chunk is upcast to fp32 and its loss and gradient computed at once; the gradient is
+    written to a buffer in the logits' dtype, which backward scales in place. So fp32 logits,
+    log-softmax and softmax exist for one chunk at a time, and the loss's peak is the logits and
+    their gradient in the compute dtype (4 bytes per token and vocabulary entry in bf16, 8 in
+    fp32), where `F.cross_entropy(logits.float())` keeps the fp32 copy and log-softmax of the
+    whole micro-batch and builds their gradients in backward (12). The sum and the gradient are
+    those of `F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")`.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+        needs_grad = ctx.needs_input_grad[0]
+        grad = torch.empty_like(logits) if needs_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        with torch.autocast(logits.device.type, enabled=False):
+            _chunks(logits, labels, chunk, total, grad)
+        ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_output.to(grad.dtype)), None, None
+
+
+def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+    """Sum of cross-entropy over the targeted positions: `logits` [..., V] predict `labels`
+    [...] (-100: not a target), computed chunk by chunk (`_TokenCrossEntropySum`)."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    return _TokenCrossEntropySum.apply(logits, labels.reshape(-1), chunk or loss_chunk_tokens(logits.shape[-1]))
+
+
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of next-token cross-entropy over the target tokens of a micro-batch (fp32)."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     logits = model(**inputs, use_cache=False).logits  # no KV cache in training
-    shift_logits = logits[:, :-1, :].float().flatten(0, 1)
-    shift_labels = batch["labels"][:, 1:].flatten()
-    return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+    # Position t predicts the label at t + 1. The labels are shifted, not the logits: a slice of
+    # the logits would cost a zero-filled copy of their whole gradient in backward.
+    labels = batch["labels"]
+    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
+    return token_cross_entropy_sum(logits, targets)

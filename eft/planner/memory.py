@@ -37,10 +37,12 @@ B. Activations, counted per operation from what autograd saves in a pre-norm dec
      intermediate; with dropout 0 it keeps only its input, shared by linears that read the same
      tensor.
    All L layers are kept; with gradient checkpointing only their inputs (L·h·e) and, during
-   backward, one recomputed layer. Then the final norm, and the loss: the logits in the compute
-   dtype, their fp32 copy and the fp32 log-softmax, then its gradient: 12 bytes per (token,
-   vocabulary entry) at the peak (`Overheads.logits_bytes`). The loss buffers and the recomputed
-   layer never live at once: the larger counts.
+   backward, one recomputed layer. Then the final norm, and the loss: computed in chunks of
+   tokens (`loss_chunk_tokens`), which writes the logits' gradient as it goes, so at its peak
+   the logits and their gradient in the compute dtype (2·e bytes per token and vocabulary
+   entry, `Overheads.logits_copies`) and one chunk's fp32 buffers (`Overheads.loss_chunk_bytes`)
+   live; a whole micro-batch's fp32 logits never do. The loss buffers and the recomputed layer
+   never live at once: the larger counts.
 C. Overhead (`Overheads`): the CUDA context and workspaces (none on CPU); communication buffers
    (DDP's reducer buckets copy the gradients; ZeRO-1/2 reduce and all-gather buckets,
    2·2·min(5e8, φ); ZeRO-3 gathers the largest module plus a 5e7-element prefetch; FSDP unshards a
@@ -216,9 +218,23 @@ def layer_activation_bytes(spec: PlanSpec, attention: str) -> float:
     return per_token * spec.seq_len * spec.micro_batch
 
 
+#: fp32 values (chunk tokens x vocabulary) the training loss works on at a time
+#: (`training.steps.token_cross_entropy_sum`): 8M, about 100 MB of temporaries.
+LOSS_CHUNK_ELEMENTS = 1 << 23
+
+
+def loss_chunk_tokens(vocab_size: int) -> int:
+    """Tokens per chunk of the training loss: 65 for Llama 3's 128k vocabulary, at least 64."""
+    return max(64, LOSS_CHUNK_ELEMENTS // max(1, vocab_size))
+
+
 def loss_bytes(spec: PlanSpec) -> float:
-    """The loss's buffers at their peak: logits, their fp32 copy and log-softmax, its gradient."""
-    return spec.overheads.logits_bytes * spec.seq_len * spec.micro_batch * spec.architecture.vocab_size
+    """The loss's buffers at their peak, in its forward: the logits and their gradient in the
+    compute dtype, and one chunk's fp32 buffers."""
+    tokens, vocab = spec.seq_len * spec.micro_batch, spec.architecture.vocab_size
+    overheads = spec.overheads
+    return (overheads.logits_copies * element_bytes(spec) * tokens * vocab
+            + overheads.loss_chunk_bytes * min(tokens, loss_chunk_tokens(vocab)) * vocab)
 
 
 def forward_bytes(spec: PlanSpec, config: Configuration) -> float:

@@ -75,10 +75,12 @@ class Overheads:
 
     cuda_context_gb: float = 0.5
     """CUDA context, cuBLAS and NCCL workspaces, GB (10^9 bytes) per GPU."""
-    logits_bytes: float = 12.0
-    """Bytes per (token, vocabulary entry) for the loss at its peak: the logits, their fp32 copy
-    and log-softmax in the forward, the log-softmax with its gradient and the logits' gradient in
-    backward (12 in both precisions)."""
+    logits_copies: float = 2.0
+    """Copies of the logits (token x vocabulary entries, in the compute dtype) at the loss's
+    peak: the logits and their gradient, which the chunked loss writes in its forward."""
+    loss_chunk_bytes: float = 8.0
+    """fp32 bytes per (token, vocabulary entry) of the one chunk the loss works on at a time:
+    its upcast copy and the exponentials of the log-sum-exp."""
     zero_bucket_elements: float = 5e8
     """DeepSpeed ZeRO-1/2 reduce and all-gather bucket size (its default), 16-bit elements."""
     zero3_prefetch_elements: float = 5e7
