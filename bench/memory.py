@@ -307,7 +307,7 @@ def render(info: dict[str, str], rows: list[tuple[Row, dict, dict]], args: argpa
         "norm's). *Gradients*: live bytes after backward − before forward. *AdamW*: bytes of the "
         "optimizer's state tensors. *Step peak*: the step's highest point above its start, "
         "against the larger of the activation term (forward + the loss buffers: the logits and their "
-        "gradient, 8·s·b·V bytes, and one chunk's fp32 buffers, 8·c·V, c = min(s·b, 2^23 / V) tokens; "
+        "gradient, 8·s·b·V bytes in fp32, which works on each chunk of tokens in the gradient's buffer; "
         "or the layer checkpointing recomputes) and the gradients. *RSS after load*: resident set "
         "after `load_trainable_model` − baseline.",
         "",
@@ -347,8 +347,8 @@ dropout's noise tensor and output (on the CPU dropout multiplies by a full-size 
 frozen linears and norms keep nothing for their weights, and sdpa stores no attention scores, so
 the activations grow with the tokens, not with their square. The loss is computed in chunks of
 tokens and writes the logits' gradient as it goes: at its peak the logits and their gradient (2·e
-bytes per token and vocabulary entry) and one chunk's fp32 buffers, never a whole micro-batch's
-fp32 logits and log-softmax;
+bytes per token and vocabulary entry; with 16-bit logits also one chunk's fp32 copy), never a
+whole micro-batch's fp32 logits and log-softmax;
 with checkpointing, the one layer recomputed in backward never coexists with it, and the larger
 counts. Without gradient accumulation the gradients appear in backward as the activations are
 freed: the step's peak holds the activations or the gradients, not both. The planner leaves out

@@ -62,30 +62,42 @@ def loss_chunk_tokens(vocab_size: int) -> int:
 
 def _chunks(logits: torch.Tensor, labels: torch.Tensor, chunk: int, total: torch.Tensor,
             grad: torch.Tensor | None) -> None:
-    """Add each chunk's loss to `total` and write its gradient to `grad` (when given)."""
+    """Add each chunk's loss to `total` and write its gradient to `grad` (when given).
+
+    The softmax is built in one fp32 buffer per chunk: the gradient's own rows when the logits
+    are fp32, else an upcast copy of the chunk. The logits are never written to (the model may
+    have saved them for its backward: Gemma 2's soft-capping does)."""
     for start in range(0, logits.shape[0], chunk):
-        z = logits[start:start + chunk].to(torch.float32, copy=True)  # never the logits themselves
+        rows = logits[start:start + chunk]
         y = labels[start:start + chunk]
         targeted = y != IGNORE_INDEX
         y = y.masked_fill(~targeted, 0)
-        log_z = torch.logsumexp(z, dim=-1)
-        total += ((log_z - z.gather(1, y[:, None]).squeeze(1)) * targeted).sum()
+        picked = rows.gather(1, y[:, None]).squeeze(1).float()
+        peak = rows.amax(dim=-1, keepdim=True).float()
+        if grad is not None and grad.dtype == torch.float32:
+            work = torch.sub(rows, peak, out=grad[start:start + chunk])
+        else:
+            work = rows.to(torch.float32, copy=True).sub_(peak)
+        sums = work.exp_().sum(dim=-1, keepdim=True)
+        log_z = (peak + sums.log()).squeeze(1)
+        total += ((log_z - picked) * targeted).sum()
         if grad is not None:
             # d(sum of -log softmax[y]) / dz = softmax(z) - onehot(y), on targeted rows only.
-            z.sub_(log_z[:, None]).exp_()
-            z.scatter_add_(1, y[:, None], torch.full_like(z[:, :1], -1.0))
-            z.mul_(targeted[:, None])
-            grad[start:start + chunk] = z
+            work.div_(sums)
+            work.scatter_add_(1, y[:, None], torch.full_like(work[:, :1], -1.0))
+            work.mul_(targeted[:, None])
+            if work.dtype != grad.dtype:
+                grad[start:start + chunk] = work
 
 
 class _TokenCrossEntropySum(torch.autograd.Function):
     """Sum of cross-entropy over the targeted rows of `logits` [N, V], in chunks of rows.
 
     Each chunk is upcast to fp32 and its loss and gradient computed at once; the gradient is
-    written to a buffer in the logits' dtype, which backward scales in place. So fp32 logits,
-    log-softmax and softmax exist for one chunk at a time, and the loss's peak is the logits and
-    their gradient in the compute dtype (4 bytes per token and vocabulary entry in bf16, 8 in
-    fp32), where `F.cross_entropy(logits.float())` keeps the fp32 copy and log-softmax of the
+    written to a buffer in the logits' dtype, which backward scales in place. So fp32 logits and
+    softmax exist for one chunk at a time, and the loss's peak is the logits and their gradient
+    in the compute dtype (4 bytes per token and vocabulary entry in bf16, plus one chunk's fp32
+    copy; 8 in fp32), where `F.cross_entropy(logits.float())` keeps the fp32 copy and log-softmax of the
     whole micro-batch and builds their gradients in backward (12). The sum and the gradient are
     those of `F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")`.
     """

@@ -40,8 +40,8 @@ B. Activations, counted per operation from what autograd saves in a pre-norm dec
    backward, one recomputed layer. Then the final norm, and the loss: computed in chunks of
    tokens (`loss_chunk_tokens`), which writes the logits' gradient as it goes, so at its peak
    the logits and their gradient in the compute dtype (2·e bytes per token and vocabulary
-   entry, `Overheads.logits_copies`) and one chunk's fp32 buffers (`Overheads.loss_chunk_bytes`)
-   live; a whole micro-batch's fp32 logits never do. The loss buffers and the recomputed layer
+   entry, `Overheads.logits_copies`) and, with 16-bit logits, one chunk's fp32 copy
+   (`Overheads.loss_chunk_bytes`) live; a whole micro-batch's fp32 logits never do. The loss buffers and the recomputed layer
    never live at once: the larger counts.
 C. Overhead (`Overheads`): the CUDA context and workspaces (none on CPU); communication buffers
    (DDP's reducer buckets copy the gradients; ZeRO-1/2 reduce and all-gather buckets,
@@ -230,11 +230,11 @@ def loss_chunk_tokens(vocab_size: int) -> int:
 
 def loss_bytes(spec: PlanSpec) -> float:
     """The loss's buffers at their peak, in its forward: the logits and their gradient in the
-    compute dtype, and one chunk's fp32 buffers."""
-    tokens, vocab = spec.seq_len * spec.micro_batch, spec.architecture.vocab_size
+    compute dtype, and with 16-bit logits one chunk's fp32 copy."""
+    tokens, vocab, e = spec.seq_len * spec.micro_batch, spec.architecture.vocab_size, element_bytes(spec)
     overheads = spec.overheads
-    return (overheads.logits_copies * element_bytes(spec) * tokens * vocab
-            + overheads.loss_chunk_bytes * min(tokens, loss_chunk_tokens(vocab)) * vocab)
+    chunk = overheads.loss_chunk_bytes * min(tokens, loss_chunk_tokens(vocab)) * vocab if e < 4 else 0.0
+    return overheads.logits_copies * e * tokens * vocab + chunk
 
 
 def forward_bytes(spec: PlanSpec, config: Configuration) -> float:

@@ -78,9 +78,9 @@ class Overheads:
     logits_copies: float = 2.0
     """Copies of the logits (token x vocabulary entries, in the compute dtype) at the loss's
     peak: the logits and their gradient, which the chunked loss writes in its forward."""
-    loss_chunk_bytes: float = 8.0
-    """fp32 bytes per (token, vocabulary entry) of the one chunk the loss works on at a time:
-    its upcast copy and the exponentials of the log-sum-exp."""
+    loss_chunk_bytes: float = 4.0
+    """Bytes per (token, vocabulary entry) of the one chunk the loss works on at a time, with
+    16-bit logits: its fp32 copy (fp32 logits are worked on in their gradient's buffer)."""
     zero_bucket_elements: float = 5e8
     """DeepSpeed ZeRO-1/2 reduce and all-gather bucket size (its default), 16-bit elements."""
     zero3_prefetch_elements: float = 5e7
