@@ -349,7 +349,8 @@ the activations grow with the tokens, not with their square. The loss is compute
 tokens and writes the logits' gradient as it goes: at its peak the logits and their gradient (2·e
 bytes per token and vocabulary entry; with 16-bit logits also one chunk's fp32 copy), never a
 whole micro-batch's fp32 logits and log-softmax;
-with checkpointing, the one layer recomputed in backward never coexists with it, and the larger
+with checkpointing, the one layer recomputed in backward (its activations, and the gradients of
+its MLP's gate and up outputs, which its backward holds at once) never coexists with it, and the larger
 counts. Without gradient accumulation the gradients appear in backward as the activations are
 freed: the step's peak holds the activations or the gradients, not both. The planner leaves out
 the process itself (interpreter, torch and Ray's imports: the baseline), which the process peak

@@ -37,7 +37,8 @@ B. Activations, counted per operation from what autograd saves in a pre-norm dec
      intermediate; with dropout 0 it keeps only its input, shared by linears that read the same
      tensor.
    All L layers are kept; with gradient checkpointing only their inputs (L·h·e) and, during
-   backward, one recomputed layer. Then the final norm, and the loss: computed in chunks of
+   backward, one recomputed layer with the gradients of its MLP's gate and up outputs (its
+   backward holds them at once). Then the final norm, and the loss: computed in chunks of
    tokens (`loss_chunk_tokens`), which writes the logits' gradient as it goes, so at its peak
    the logits and their gradient in the compute dtype (2·e bytes per token and vocabulary
    entry, `Overheads.logits_copies`) and, with 16-bit logits, one chunk's fp32 copy
@@ -248,11 +249,21 @@ def forward_bytes(spec: PlanSpec, config: Configuration) -> float:
     return arch.num_layers * layer_activation_bytes(spec, config.attention) + final_norm * tokens
 
 
+def recomputed_bytes(spec: PlanSpec, config: Configuration) -> float:
+    """With checkpointing, the peak of one layer's backward: its recomputed activations and the
+    gradients of the MLP's inner tensors (gate and up, [tokens, intermediate] each), which its
+    backward holds at once. Without checkpointing, nothing beyond the forward's."""
+    if not config.gradient_checkpointing:
+        return 0.0
+    arch = spec.architecture
+    inner_grads = (2 if arch.gated_mlp else 1) * arch.intermediate_size * element_bytes(spec)
+    return layer_activation_bytes(spec, config.attention) + inner_grads * spec.seq_len * spec.micro_batch
+
+
 def activation_bytes(spec: PlanSpec, config: Configuration) -> float:
     """Term B: what the forward keeps, plus the larger of the loss buffers and (with
-    checkpointing) the one layer recomputed in backward: the two never live at once."""
-    recomputed = layer_activation_bytes(spec, config.attention) if config.gradient_checkpointing else 0.0
-    return forward_bytes(spec, config) + max(recomputed, loss_bytes(spec))
+    checkpointing) the backward of the one layer recomputed: the two never live at once."""
+    return forward_bytes(spec, config) + max(recomputed_bytes(spec, config), loss_bytes(spec))
 
 
 def context_bytes(spec: PlanSpec) -> float:
