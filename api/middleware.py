@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any, Awaitable, Callable
 
+import anyio.to_thread
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 
@@ -59,6 +60,11 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        # Sync handlers and dependencies run on the serving event loop's thread pool (anyio's,
+        # 40 threads by default): sized here, on the loop that serves (`Settings.api_threads`).
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        if limiter.total_tokens != self.settings.api_threads:
+            limiter.total_tokens = self.settings.api_threads
         headers = Headers(scope=scope)
         rid = headers.get(REQUEST_ID) or f"req_{uuid.uuid4().hex[:16]}"
         scope.setdefault("state", {})["request_id"] = rid

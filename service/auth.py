@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from eft.service.errors import ServiceError
 from eft.service.schema import api_keys
+from eft.service.db import writing
 from eft.service.store import _aware, utcnow
 
 Role = Literal["user", "admin"]
@@ -95,7 +96,7 @@ class KeyStore:
             raise ServiceError("tenant must be 1 to 128 characters", param="tenant")
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = f"key_{secrets.token_hex(8)}"
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             conn.execute(api_keys.insert().values(
                 id=key_id, tenant=tenant, role=role, name=name, key_hash=digest(secret),
                 prefix=secret[:10], created_at=utcnow(),
@@ -121,7 +122,7 @@ class KeyStore:
     def revoke(self, key_id: str) -> ApiKey:
         """Revoke a key at once; raises KeyNotFound."""
         self.get(key_id)
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             conn.execute(api_keys.update().where(api_keys.c.id == key_id,
                                                  api_keys.c.revoked_at.is_(None))
                          .values(revoked_at=utcnow()))

@@ -10,12 +10,15 @@ the lost connection may have committed them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import threading
 import time
+import weakref
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
@@ -106,3 +109,28 @@ def retry_on_disconnect(cls: type) -> type:
         if callable(member) and not name.startswith("_") and not getattr(member, "__eft_once__", False):
             setattr(cls, name, retrying(member))
     return cls
+
+
+_writer_locks: weakref.WeakKeyDictionary[sa.Engine, threading.RLock] = weakref.WeakKeyDictionary()
+_writer_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def writing(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A write transaction.
+
+    On SQLite the writers of this process queue on a lock, and each begins as the database's
+    writer (BEGIN IMMEDIATE). SQLite has one writer at a time, and a connection that finds the
+    write lock taken sleeps in steps that grow to 100 ms before it looks again: with many
+    request threads writing at once, those sleeps were the tail of every create. Writers in
+    other processes (job drivers) still wait SQLite's way; they write a few times a second."""
+    if engine.dialect.name != "sqlite":
+        with engine.begin() as conn:
+            yield conn
+        return
+    with _writer_locks_guard:
+        lock = _writer_locks.setdefault(engine, threading.RLock())
+    with lock, engine.connect() as conn:
+        conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
+        with conn.begin():
+            yield conn

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from eft.service.errors import Conflict
 from eft.service.schema import idempotency_keys as table
+from eft.service.db import writing
 from eft.service.store import _aware, utcnow
 
 #: A claim not renewed for this long, with no resource, is from a request that died half-way.
@@ -83,7 +84,7 @@ class Idempotency:
 
     def _claim(self, tenant: str, key: str, endpoint: str, digest: str) -> bool:
         try:
-            with self.engine.begin() as conn:
+            with writing(self.engine) as conn:
                 conn.execute(table.insert().values(tenant=tenant, key=key, endpoint=endpoint,
                                                    request_hash=digest, created_at=utcnow()))
         except sa.exc.IntegrityError:
@@ -102,7 +103,7 @@ class Idempotency:
         finally:
             done.set()
             heartbeat.join()
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             conn.execute(table.update().where(table.c.tenant == tenant, table.c.key == key)
                          .values(resource_id=resource_id))
         return resource_id
@@ -111,13 +112,13 @@ class Idempotency:
         """Keep the claim fresh until `done`: a repeat never mistakes a slow request for a dead one."""
         while not done.wait(HEARTBEAT_S):
             try:
-                with self.engine.begin() as conn:
+                with writing(self.engine) as conn:
                     conn.execute(table.update().where(table.c.tenant == tenant, table.c.key == key,
                                                       table.c.resource_id.is_(None)).values(created_at=utcnow()))
             except sa.exc.SQLAlchemyError:
                 continue  # the next beat tries again; a claim lapses only after many misses
 
     def _release(self, tenant: str, key: str) -> None:
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             conn.execute(table.delete().where(table.c.tenant == tenant, table.c.key == key,
                                               table.c.resource_id.is_(None)))

@@ -15,12 +15,11 @@ The architecture is built on the meta device (no memory, no weights read: a 70B 
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from eft.planner.architectures import LORA_PRESETS, Linear
 from eft.service.errors import Problem, RequestInvalid
@@ -77,19 +76,41 @@ def _signature(path: Path) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-#: One inspection at a time per process: concurrent requests for a model not inspected yet
-#: would otherwise import the same transformers modules from several threads at once, which
-#: transformers' lazy module does not support (`getattr(transformers, "LlamaForCausalLM")`
-#: raised AttributeError in a thread while another was importing it). Cached results are
-#: read under the lock too: a dictionary lookup.
-_INSPECT_LOCK = threading.Lock()
+class ComputedOnce:
+    """`fn(*key)` remembered per key (the `maxsize` most recent), computed by one thread at a
+    time and read by any without a lock.
+
+    Request handlers run on many threads. Concurrent first calls would import the same
+    transformers modules from several threads at once, which transformers' lazy module does
+    not support (`getattr(transformers, "LlamaForCausalLM")` raised AttributeError in a thread
+    while another was importing it), so computing takes a lock. Reading does not: under 50
+    concurrent creates, threads queued on a lock held for a dictionary lookup (its holder waits
+    for the interpreter like every other thread) and every request waited behind them.
+    Exceptions are not remembered."""
+
+    def __init__(self, fn: Callable[..., Any], maxsize: int):
+        self._fn, self._maxsize = fn, maxsize
+        self._values: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *key: Any) -> Any:
+        try:
+            return self._values[key]
+        except KeyError:
+            pass
+        with self._lock:
+            if key not in self._values:
+                value = self._fn(*key)
+                while len(self._values) >= self._maxsize:
+                    self._values.pop(next(iter(self._values)))
+                self._values[key] = value
+            return self._values[key]
 
 
 def inspect_model(model_path: str) -> ModelSupport:
     """The support facts of a local model directory. Raises RequestInvalid (param "model")."""
     path = Path(model_path)
-    with _INSPECT_LOCK:
-        return _inspect(str(path.resolve()), _signature(path))
+    return _inspected(str(path.resolve()), _signature(path))
 
 
 def _kind(path: str) -> str:
@@ -124,7 +145,6 @@ def _layer_linears(layer: Any) -> tuple[Linear, ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=32)
 def _inspect(model_path: str, _signature: tuple[int, int]) -> ModelSupport:
     import torch
     import transformers
@@ -172,3 +192,6 @@ def _inspect(model_path: str, _signature: tuple[int, int]) -> ModelSupport:
         packing=packing_is_exact(getattr(text, "model_type", config.model_type)), tied_embeddings=tied,
         language_model=language_model,
     )
+
+
+_inspected = ComputedOnce(_inspect, maxsize=32)

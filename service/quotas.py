@@ -20,6 +20,7 @@ from eft.types.jobs import JobCreate, JobStatus
 from eft.service.errors import ServiceError
 from eft.service.schema import tenants
 from eft.service.settings import Settings
+from eft.service.db import writing
 from eft.service.store import Store, jobs, utcnow
 
 ACTIVE = (JobStatus.validating, JobStatus.queued, JobStatus.running, JobStatus.cancelling)
@@ -63,7 +64,7 @@ def set_tenant_limits(store: Store, tenant: str, *, max_active_jobs: int | None 
     """Create or replace a tenant's limits (None: the server's default)."""
     values = dict(max_active_jobs=max_active_jobs, max_cpus=max_cpus, max_gpus=max_gpus,
                   queue_over_quota=queue_over_quota)
-    with store.engine.begin() as conn:
+    with writing(store.engine) as conn:
         updated = conn.execute(tenants.update().where(tenants.c.id == tenant).values(**values))
         if updated.rowcount == 0:
             conn.execute(tenants.insert().values(id=tenant, created_at=utcnow(), **values))

@@ -146,6 +146,12 @@ class Settings(BaseSettings):
     admin_tenant: str = Field("default", description="Tenant that the bootstrap admin key creates in.")
     max_upload_bytes: int = Field(512 * 1024**2, ge=1, description="Largest file POST /files accepts.")
     max_request_bytes: int = Field(1024**2, ge=1, description="Largest JSON request body.")
+    api_threads: int = Field(
+        8, ge=1, le=256, description="Threads a replica runs its blocking request work on (database "
+        "reads and writes, checks); further requests wait their turn. One interpreter runs one "
+        "thread at a time: many threads only take turns more often, and a thread that holds a "
+        "lock (the database writer's) waits longer for its turn."
+    )
     max_active_jobs_per_tenant: int = Field(
         20, ge=1, description="Queued plus running jobs a tenant may have (per-tenant row overrides)."
     )

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from eft.types.jobs import JobStatus
 from eft.service import lifecycle
 from eft.training import storage
-from eft.service.db import make_engine, once, retry_on_disconnect
+from eft.service.db import make_engine, once, retry_on_disconnect, writing
 from eft.service.errors import Conflict, JobNotFound
 # The tables live in service/schema.py; they are named here too, as the store's own.
 from eft.service.schema import checkpoints, job_events, job_metrics, jobs, metadata  # noqa: F401
@@ -49,13 +49,10 @@ def serialized(engine: sa.Engine, key: str) -> Iterator[sa.Connection]:
     process sharing the database: PostgreSQL takes a transaction-scoped advisory lock on the
     key; SQLite has one writer at a time and this transaction starts as the writer (BEGIN
     IMMEDIATE), so what it reads cannot change before it commits."""
-    with engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
-        with conn.begin():
-            if engine.dialect.name == "postgresql":
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(key))))
-            yield conn
+    with writing(engine) as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(key))))
+        yield conn
 
 
 def tenant_key(tenant: str) -> str:
@@ -288,7 +285,7 @@ class Store:
         if expected_status is not None and job.status is not expected_status:
             raise Conflict(f"job {job_id} is {job.status.value} now, not {expected_status.value}; retry",
                            code="concurrent_update")
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             if not self._move(conn, job, target, message, event_type=event_type, data=data, **values):
                 raise Conflict(
                     f"job {job_id} changed while moving it to {target.value}; retry",
@@ -320,7 +317,7 @@ class Store:
         where = [jobs.c.id == job_id]
         if attempt is not None:
             where.append(jobs.c.attempt == attempt)
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
         return result.rowcount == 1
 
@@ -332,7 +329,7 @@ class Store:
         if not values:
             return True
         where = [jobs.c.id == job_id] + ([jobs.c.attempt == attempt] if attempt is not None else [])
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
         return result.rowcount == 1
 
@@ -367,7 +364,7 @@ class Store:
     ) -> bool:
         """Record an event that is not a status change (checkpoint saved, resized, ...). With
         `attempt`, only while the job is on that attempt; returns False when fenced off."""
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             if attempt is None:
                 attempt = self.get_job(job_id).attempt
             elif not self._fence(conn, job_id, attempt):
@@ -398,7 +395,7 @@ class Store:
     def record_metrics(self, job_id: str, attempt: int, step: int, values: dict[str, float]) -> bool:
         """Store one step's metrics of `attempt`; False (nothing stored) when the job has moved
         on to another attempt."""
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             if not self._fence(conn, job_id, attempt):
                 return False
             conn.execute(
@@ -450,7 +447,7 @@ class Store:
     ) -> bool:
         """Register a checkpoint `attempt` saved; False (not registered) when the job has moved
         on to another attempt."""
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             if not self._fence(conn, job_id, attempt):
                 return False
             conn.execute(

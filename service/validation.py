@@ -28,7 +28,7 @@ from eft.types.plans import Cluster
 from eft.service.errors import Problem, RequestInvalid
 from eft.service import hub
 from eft.service.files import FILE_ID, uploaded_path
-from eft.service.model_support import ModelSupport, inspect_model
+from eft.service.model_support import ComputedOnce, ModelSupport, inspect_model
 from eft.service.settings import Settings
 from eft.training.config import TrainConfig, steps_for
 from eft.training.formats import (
@@ -219,22 +219,25 @@ _request_tokenizer_lock = threading.Lock()
 def request_tokenizer(model_path: str) -> Iterator[Any]:
     """The model's tokenizer for request handlers (which run on many threads): loaded once per
     directory while its files are unchanged, and used by one thread at a time."""
+    tokenizer = _request_tokenizer(model_path, _tokenizer_signature(model_path))
     with _request_tokenizer_lock:
-        yield _request_tokenizer(model_path, _tokenizer_signature(model_path))
+        yield tokenizer
 
 
-@functools.lru_cache(maxsize=8)
-def _request_tokenizer(model_path: str, _signature: tuple[tuple[str, int, int], ...]) -> Any:
+def _load_request_tokenizer(model_path: str, _signature: tuple[tuple[str, int, int], ...]) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)
 
 
+#: Loaded by one thread at a time (transformers' lazy imports), looked up without a lock.
+_request_tokenizer = ComputedOnce(_load_request_tokenizer, maxsize=8)
+
+
 def tokenizer_problem(model_path: str) -> Problem | None:
     """Why the model's tokenizer cannot load (then loaded and cached for `request_tokenizer`)."""
     try:
-        with request_tokenizer(model_path):  # loaded by one thread at a time (lazy imports)
-            pass
+        _request_tokenizer(model_path, _tokenizer_signature(model_path))
     except Exception as exc:  # noqa: BLE001 - any reason a tokenizer cannot load is the model's
         return Problem("model", "tokenizer_unavailable",
                        f"cannot load the model's tokenizer ({type(exc).__name__}: {str(exc)[:300]}): "
