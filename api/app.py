@@ -7,6 +7,7 @@ problem) with the `x-request-id` header that every response carries.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from importlib import metadata
 from typing import Any
@@ -160,8 +161,10 @@ def create_app(job_service: JobService) -> FastAPI:
                       ray_dashboard_url=settings.ray_dashboard_url if principal.is_admin else None)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
-    def healthz(service: JobServiceDep) -> Health:
-        database = service.store.ping()
+    async def healthz(service: JobServiceDep) -> Health:
+        # Not on the request thread pool (`EFT_API_THREADS`): probes answer while slow
+        # requests (uploads, first model loads) hold every one of its threads.
+        database = await asyncio.to_thread(service.store.ping)
         return Health(status="ok" if database else "degraded", version=_version(), database=database)
 
     return app

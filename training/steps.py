@@ -80,12 +80,13 @@ def _chunks(logits: torch.Tensor, labels: torch.Tensor, chunk: int, total: torch
             work = rows.to(torch.float32, copy=True).sub_(peak)
         sums = work.exp_().sum(dim=-1, keepdim=True)
         log_z = (peak + sums.log()).squeeze(1)
-        total += ((log_z - picked) * targeted).sum()
+        # where, not a product: a row that is not a target may hold inf (0 * inf is NaN)
+        total += torch.where(targeted, log_z - picked, 0.0).sum()
         if grad is not None:
             # d(sum of -log softmax[y]) / dz = softmax(z) - onehot(y), on targeted rows only.
             work.div_(sums)
             work.scatter_add_(1, y[:, None], torch.full_like(work[:, :1], -1.0))
-            work.mul_(targeted[:, None])
+            work.masked_fill_(~targeted[:, None], 0.0)
             if work.dtype != grad.dtype:
                 grad[start:start + chunk] = work
 
@@ -97,7 +98,7 @@ class _TokenCrossEntropySum(torch.autograd.Function):
     written to a buffer in the logits' dtype, which backward scales in place. So fp32 logits and
     softmax exist for one chunk at a time, and the loss's peak is the logits and their gradient
     in the compute dtype (4 bytes per token and vocabulary entry in bf16, plus one chunk's fp32
-    copy; 8 in fp32), where `F.cross_entropy(logits.float())` keeps the fp32 copy and log-softmax of the
+    copy; 8 in fp32; in fp16 the gradient is fp32, 6), where `F.cross_entropy(logits.float())` keeps the fp32 copy and log-softmax of the
     whole micro-batch and builds their gradients in backward (12). The sum and the gradient are
     those of `F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")`.
     """
@@ -105,7 +106,11 @@ class _TokenCrossEntropySum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
         needs_grad = ctx.needs_input_grad[0]
-        grad = torch.empty_like(logits) if needs_grad else None
+        # fp16 would flush small probabilities to zero before the loss scale lifts them: its
+        # gradient is kept in fp32 (bf16 has fp32's range).
+        grad_dtype = torch.float32 if logits.dtype == torch.float16 else logits.dtype
+        grad = torch.empty_like(logits, dtype=grad_dtype) if needs_grad else None
+        ctx.logits_dtype = logits.dtype
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         with torch.autocast(logits.device.type, enabled=False):
             _chunks(logits, labels, chunk, total, grad)
@@ -116,7 +121,8 @@ class _TokenCrossEntropySum(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
         (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_output.to(grad.dtype)), None, None
+        # One rounding: the scale (the loss scale, 1 / tokens) multiplies in fp32.
+        return grad.mul_(grad_output).to(ctx.logits_dtype), None, None
 
 
 def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, chunk: int | None = None) -> torch.Tensor:

@@ -41,7 +41,7 @@ B. Activations, counted per operation from what autograd saves in a pre-norm dec
    backward holds them at once). Then the final norm, and the loss: computed in chunks of
    tokens (`loss_chunk_tokens`), which writes the logits' gradient as it goes, so at its peak
    the logits and their gradient in the compute dtype (2·e bytes per token and vocabulary
-   entry, `Overheads.logits_copies`) and, with 16-bit logits, one chunk's fp32 copy
+   entry; the gradient of fp16 logits is fp32) and, with 16-bit logits, one chunk's fp32 copy
    (`Overheads.loss_chunk_bytes`) live; a whole micro-batch's fp32 logits never do. The loss buffers and the recomputed layer
    never live at once: the larger counts.
 C. Overhead (`Overheads`): the CUDA context and workspaces (none on CPU); communication buffers
@@ -235,7 +235,8 @@ def loss_bytes(spec: PlanSpec) -> float:
     tokens, vocab, e = spec.seq_len * spec.micro_batch, spec.architecture.vocab_size, element_bytes(spec)
     overheads = spec.overheads
     chunk = overheads.loss_chunk_bytes * min(tokens, loss_chunk_tokens(vocab)) * vocab if e < 4 else 0.0
-    return overheads.logits_copies * e * tokens * vocab + chunk
+    grad = 4 if spec.precision == "fp16" else e  # fp16 logits get an fp32 gradient (fp16's range is short)
+    return (e + grad) * tokens * vocab + chunk
 
 
 def forward_bytes(spec: PlanSpec, config: Configuration) -> float:

@@ -75,9 +75,6 @@ class Overheads:
 
     cuda_context_gb: float = 0.5
     """CUDA context, cuBLAS and NCCL workspaces, GB (10^9 bytes) per GPU."""
-    logits_copies: float = 2.0
-    """Copies of the logits (token x vocabulary entries, in the compute dtype) at the loss's
-    peak: the logits and their gradient, which the chunked loss writes in its forward."""
     loss_chunk_bytes: float = 4.0
     """Bytes per (token, vocabulary entry) of the one chunk the loss works on at a time, with
     16-bit logits: its fp32 copy (fp32 logits are worked on in their gradient's buffer)."""

@@ -84,6 +84,37 @@ def test_logits_saved_by_the_model_are_left_untouched() -> None:
     torch.testing.assert_close(raw.grad, reference.grad, rtol=1e-5, atol=1e-7)
 
 
+def test_rows_that_are_not_targets_may_hold_anything() -> None:
+    """inf or NaN logits at positions that are not targets (padding, prompts) change nothing."""
+    logits, labels = _case(torch.float32)
+    expected, expected_grad = _reference(logits, labels)
+    spoiled = logits.detach().clone()
+    spoiled[labels == -100] = float("inf")
+    spoiled[0, 0, 0] = float("nan")
+    spoiled.requires_grad_()
+    loss = token_cross_entropy_sum(spoiled, labels, chunk=16)
+    (grad,) = torch.autograd.grad(loss * 0.37, spoiled)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_fp16_keeps_the_gradients_a_loss_scale_lifts() -> None:
+    """Under fp16 with a loss scale, probabilities below fp16's smallest number still get their
+    gradient (the buffer is fp32 until the scale has been applied)."""
+    torch.manual_seed(0)
+    logits = torch.full((2, 4, 2048), -12.0)
+    logits[..., 0] = 12.0  # every other entry has probability ~4e-11: zero in fp16
+    logits = logits.half().requires_grad_()
+    labels = torch.zeros(2, 4, dtype=torch.long)
+    scale = 65536.0  # a typical dynamic loss scale
+    expected, expected_grad = (lambda loss: (loss, torch.autograd.grad(loss * scale, logits)[0]))(
+        F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum"))
+    (grad,) = torch.autograd.grad(token_cross_entropy_sum(logits, labels, chunk=3) * scale, logits)
+    assert grad.dtype == torch.float16
+    assert (expected_grad[..., 1:] != 0).all() and (grad[..., 1:] != 0).all()
+    torch.testing.assert_close(grad.float(), expected_grad.float(), rtol=2e-3, atol=0)
+
+
 def test_without_gradients_only_the_sum() -> None:
     logits, labels = _case(torch.float32)
     expected, _ = _reference(logits, labels)
