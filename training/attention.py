@@ -67,17 +67,16 @@ def _segment_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, s
                   window: int | None, dropout: float) -> torch.Tensor:
     length = query.shape[2]
     groups = query.shape[1] // key.shape[1]
-    if window is not None and window < length:
-        # With a mask, grouped-query SDPA has only the math kernel on CUDA (the whole score
-        # matrix): repeat the key/value heads and keep the memory-efficient one.
-        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=_window_mask(length, window, query.device),
-                                              dropout_p=dropout, scale=scaling)
-    # Causal without a mask: grouped-query attention without repeating the key/value heads
-    # (SDPA broadcasts them; its fused kernels take head dims up to 256, as transformers checks).
-    gqa = groups > 1 and query.shape[-1] <= 256
+    masked = window is not None and window < length
+    # Grouped-query attention without repeating the key/value heads (SDPA broadcasts them), where
+    # a fused kernel takes it: causal without a mask, head dims up to 256 (as transformers
+    # checks). With a mask, grouped SDPA is the math kernel on CUDA (the whole score matrix).
+    gqa = groups > 1 and not masked and query.shape[-1] <= 256
     if groups > 1 and not gqa:
         key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    if masked:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=_window_mask(length, window, query.device),
+                                              dropout_p=dropout, scale=scaling)
     return F.scaled_dot_product_attention(query, key, value, is_causal=True, dropout_p=dropout, scale=scaling,
                                           enable_gqa=gqa)
 

@@ -94,13 +94,14 @@ def _chunks(logits: torch.Tensor, labels: torch.Tensor, chunk: int, total: torch
 class _TokenCrossEntropySum(torch.autograd.Function):
     """Sum of cross-entropy over the targeted rows of `logits` [N, V], in chunks of rows.
 
-    Each chunk is upcast to fp32 and its loss and gradient computed at once; the gradient is
-    written to a buffer in the logits' dtype, which backward scales in place. So fp32 logits and
-    softmax exist for one chunk at a time, and the loss's peak is the logits and their gradient
-    in the compute dtype (4 bytes per token and vocabulary entry in bf16, plus one chunk's fp32
-    copy; 8 in fp32; in fp16 the gradient is fp32, 6), where `F.cross_entropy(logits.float())` keeps the fp32 copy and log-softmax of the
-    whole micro-batch and builds their gradients in backward (12). The sum and the gradient are
-    those of `F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")`.
+    Each chunk is upcast to fp32 and its loss and gradient computed at once; the gradient goes
+    to one buffer (in the logits' dtype; fp32 for fp16 logits), which backward scales in place.
+    So fp32 logits and softmax exist for one chunk at a time, and the loss's peak is the logits
+    and their gradient: per token and vocabulary entry 4 bytes in bf16 plus one chunk's fp32
+    copy, 6 in fp16, 8 in fp32, where `F.cross_entropy(logits.float())` keeps the fp32 copy and
+    log-softmax of the whole micro-batch and builds their gradients in backward (12). The sum
+    and the gradient are those of `F.cross_entropy(logits.float(), labels, ignore_index=-100,
+    reduction="sum")`.
     """
 
     @staticmethod

@@ -42,8 +42,8 @@ B. Activations, counted per operation from what autograd saves in a pre-norm dec
    tokens (`loss_chunk_tokens`), which writes the logits' gradient as it goes, so at its peak
    the logits and their gradient in the compute dtype (2·e bytes per token and vocabulary
    entry; the gradient of fp16 logits is fp32) and, with 16-bit logits, one chunk's fp32 copy
-   (`Overheads.loss_chunk_bytes`) live; a whole micro-batch's fp32 logits never do. The loss buffers and the recomputed layer
-   never live at once: the larger counts.
+   (`Overheads.loss_chunk_bytes`) live; a whole micro-batch's fp32 logits never do. The loss
+   buffers and the recomputed layer never live at once: the larger counts.
 C. Overhead (`Overheads`): the CUDA context and workspaces (none on CPU); communication buffers
    (DDP's reducer buckets copy the gradients; ZeRO-1/2 reduce and all-gather buckets,
    2·2·min(5e8, φ); ZeRO-3 gathers the largest module plus a 5e7-element prefetch; FSDP unshards a
