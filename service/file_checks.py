@@ -64,19 +64,22 @@ def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, 
                                     f"no file with id {req.validation_file!r}: see GET /files"))
     if problems:
         raise RequestInvalid(problems=problems)
-    if model_path is not None:
-        unavailable = tokenizer_problem(model_path)
-        if unavailable is not None:
-            raise RequestInvalid(problems=[unavailable])
     # The whole read (and tokenisation) in a helper process: it takes seconds on a large file.
-    return isolation.run(check_dataset_with, Path(record.path), record.filename, model_path,
-                         max_problems=settings.max_validation_errors, max_seq_len=req.max_seq_len,
-                         other=other, other_name=other_name)
+    report = isolation.run(check_dataset_with, Path(record.path), record.filename, model_path,
+                           max_problems=settings.max_validation_errors, max_seq_len=req.max_seq_len,
+                           other=other, other_name=other_name)
+    if isinstance(report, Problem):
+        raise RequestInvalid(problems=[report])
+    return report
 
 
-def check_dataset_with(path: Path, name: str, model_path: str | None, **options: Any) -> DatasetReport:
-    """`check_dataset` with the model's tokenizer, if any, loaded (once) in this process."""
+def check_dataset_with(path: Path, name: str, model_path: str | None, **options: Any) -> DatasetReport | Problem:
+    """`check_dataset` with the model's tokenizer, if any, loaded (once) in this process; the
+    problem instead where that tokenizer cannot load."""
     if model_path is None:
         return check_dataset(path, name, **options)
+    unavailable = tokenizer_problem(model_path)
+    if unavailable is not None:
+        return unavailable
     with request_tokenizer(model_path) as tokenizer:
         return check_dataset(path, name, tokenizer=tokenizer, **options)

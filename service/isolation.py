@@ -20,7 +20,9 @@ T = TypeVar("T")
 #: Helper processes per replica and pool: scans of different requests run side by side; jobs
 #: are validated one at a time (the scheduler's pass is sequential) by one helper, which keeps
 #: the tokenizers and model inspections it loaded for the next job.
-POOLS = {"scan": 2, "validate": 1}
+#: The model helper answers the request path's questions about a model (its facts, whether
+#: its chat template takes a file's records): it alone imports torch and transformers for them.
+POOLS = {"scan": 2, "validate": 1, "model": 1}
 _pools: dict[str, ProcessPoolExecutor] = {}
 _lock = threading.Lock()
 #: True in a helper process: work it hands on runs there, inline (no pool of its own).
@@ -55,14 +57,16 @@ def run(fn: Callable[..., T], *args: Any, pool: str = "scan", **kwargs: Any) -> 
 
 
 def warm() -> None:
-    """Start the validating helper now, in the background, with what checking a job imports:
-    spawning it (an interpreter, torch, transformers: seconds of CPU) would otherwise delay the
-    first job a replica validates. The scan helpers start on first use: warming them too would
+    """Start the validating and the model helpers now, in the background, with what checking a
+    job imports: spawning one (an interpreter, torch, transformers: seconds of CPU) would
+    otherwise delay the first job a replica validates, and the first create, which asks the
+    model helper about the model. The scan helpers start on first use: warming them too would
     take that much CPU again from whatever the node runs meanwhile."""
-    def start() -> None:
-        _executor("validate").submit(_import_validation).result()
+    def start(pool: str) -> None:
+        _executor(pool).submit(_import_validation).result()
 
-    threading.Thread(target=start, name="eft-isolation-warm", daemon=True).start()
+    for pool in ("model", "validate"):
+        threading.Thread(target=start, args=(pool,), name=f"eft-isolation-warm-{pool}", daemon=True).start()
 
 
 def _import_validation() -> None:

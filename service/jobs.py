@@ -88,6 +88,8 @@ class JobService:
             check_job_files(req, principal.scope, self.files, conn)  # not deleted meanwhile
             check_quota(self.store, principal.tenant, req, self.settings, conn)
 
+        created: list[JobRecord] = []
+
         def create_once() -> str:
             check_job_files(req, principal.scope, self.files)
             # A quick refusal before the request's checks; the binding check is repeated in the
@@ -98,13 +100,16 @@ class JobService:
                 tenant=principal.tenant, request=req.model_dump(mode="json"), name=req.name,
                 plan=inputs.choice.to_dict(), demand=demand(req),
                 admit=admit)
+            created.append(record)
             if self.on_created is not None:
                 self.on_created()
             return record.id
 
         digest = request_digest((body if body is not None else req).model_dump(mode="json"))
-        job_id, created = self.idempotency.run(principal.tenant, idempotency_key, endpoint, digest, create_once)
-        return self.get(job_id, principal.tenant), created
+        job_id, now = self.idempotency.run(principal.tenant, idempotency_key, endpoint, digest, create_once)
+        if created:  # the job as stored (a new job has no metrics): no second read
+            return to_wire(created[0]), now
+        return self.get(job_id, principal.tenant), now
 
     def get(self, job_id: str, tenant: str) -> Job:
         job = self.store.get_job(job_id, tenant)

@@ -194,4 +194,24 @@ def _inspect(model_path: str, _signature: tuple[int, int]) -> ModelSupport:
     )
 
 
-_inspected = ComputedOnce(_inspect, maxsize=32)
+def _inspect_outcome(model_path: str, signature: tuple[int, int]) -> tuple[str, Any]:
+    """`_inspect` as a picklable outcome: ("ok", facts) or ("refused", problems)."""
+    try:
+        return "ok", _inspect(model_path, signature)
+    except RequestInvalid as exc:
+        return "refused", exc.problems
+
+
+def _inspect_isolated(model_path: str, signature: tuple[int, int]) -> ModelSupport:
+    """`_inspect` in the replica's model helper (service/isolation.py): building a model on the
+    meta device needs torch and transformers, which the API's process never imports (their
+    million objects would make each of its full garbage collections a pause of 100-200 ms)."""
+    from eft.service import isolation
+
+    kind, value = isolation.run(_inspect_outcome, model_path, signature, pool="model")
+    if kind == "refused":
+        raise RequestInvalid(problems=value)
+    return value
+
+
+_inspected = ComputedOnce(_inspect_isolated, maxsize=32)

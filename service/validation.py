@@ -251,9 +251,6 @@ def check_chat_template(model_path: str, path: Path, param: str, req: JobCreate)
 
     Remembered per file version, tokenizer files and options: rendering is most of a create's
     CPU, and jobs are created again and again on the same file and model."""
-    unavailable = tokenizer_problem(model_path)
-    if unavailable is not None:
-        return [unavailable]
     try:
         stat = path.stat()
     except OSError:
@@ -274,8 +271,21 @@ def _checked_chat_template(model_path: str, _signature: Any, path: str, _version
 
 def _check_chat_template(model_path: str, path: Path, param: str, train_on: str, system_message: str,
                          columns: tuple[tuple[str, str], ...]) -> list[Problem]:
+    """`_render_chat_sample` in the model helper (service/isolation.py): a tokenizer and its
+    template need transformers, which the API's process does not import."""
+    from eft.service import isolation
+
+    return isolation.run(_render_chat_sample, model_path, path, param, train_on, system_message, columns,
+                         pool="model")
+
+
+def _render_chat_sample(model_path: str, path: Path, param: str, train_on: str, system_message: str,
+                        columns: tuple[tuple[str, str], ...]) -> list[Problem]:
     from eft.training.chat import TemplateError, tokenize_chat
 
+    unavailable = tokenizer_problem(model_path)
+    if unavailable is not None:
+        return [unavailable]
     with request_tokenizer(model_path) as tokenizer:
         for lineno, record, error in itertools.islice(iter_records(path, columns=dict(columns)), TEMPLATE_SAMPLE):
             if error or not isinstance(record, dict) or "messages" not in record:

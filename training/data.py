@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # imported where tensors are made: the API's process never needs torch
+    import torch
 
 from eft.training.chat import TemplateError, tokenize_chat
 from eft.training.formats import check_record, iter_records
@@ -203,6 +205,8 @@ def shard_for_rank(indices: list[int], rank: int, world_size: int) -> list[int]:
 
 def collate(examples: list[Example], pad_token_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a micro-batch: input_ids, attention_mask and labels as [batch, seq] tensors."""
+    import torch
+
     length = max(len(e.input_ids) for e in examples)
     input_ids = torch.full((len(examples), length), pad_token_id, dtype=torch.long)
     labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)

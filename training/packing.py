@@ -18,11 +18,12 @@ world size) like the unpacked ones.
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from eft.training.data import IGNORE_INDEX, Example
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the API's process never needs it
+    import torch
 
 
 def pack_rows(examples: Sequence[Example], row_len: int) -> list[list[Example]]:
@@ -69,6 +70,8 @@ def balance_by_tokens(lengths: Sequence[int], world_size: int) -> list[list[int]
 def collate_packed(examples: Sequence[Example], pad_token_id: int) -> dict[str, torch.Tensor]:
     """A packed micro-batch as one row: input_ids, labels and position_ids of shape [1, tokens],
     `cu_seq_lens` (int32, the examples' boundaries: 0, n1, n1+n2, ...) and `max_length`."""
+    import torch
+
     del pad_token_id  # nothing is padded
     lengths = [len(e.input_ids) for e in examples]
     input_ids = torch.tensor([t for e in examples for t in e.input_ids], dtype=torch.long)

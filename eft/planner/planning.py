@@ -7,6 +7,7 @@ memory. When none fits, `nearest_fit(spec)` says what would make one fit.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -198,7 +199,14 @@ def plan(spec: PlanSpec) -> Plan:
 
     Returns a Plan whose candidates each carry a reason; when nothing fits, `chosen` is None and
     `suggestions` lists the nearest changes that fit. Raises PlannerError for an unusable spec.
+    A plan is a function of its (frozen) spec: the same spec's plan is computed once (the
+    service plans every create, and most repeat an earlier job's model, method and cluster).
     """
+    return _plan(spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(spec: PlanSpec) -> Plan:
     candidates, notes = _evaluate(spec)
     chosen = candidates[0] if candidates and candidates[0].fits else None
     faster_rejected = sorted((c for c in candidates if not c.fits

@@ -7,6 +7,7 @@ costs seconds here.
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import time
@@ -63,6 +64,11 @@ def _free_port() -> int:
 def ray_cluster():
     import ray
 
+    from eft.api.local import ray_node_env
+
+    # The node's processes start with the environment `eft up` gives a node (Serve's settings,
+    # the workers' priority).
+    os.environ.update(ray_node_env(os.environ))
     dashboard_port = _free_port()
     metrics_port = _free_port()
     ray.init(

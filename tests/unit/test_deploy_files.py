@@ -193,6 +193,17 @@ def test_deployed_nodes_run_training_workers_at_a_plain_scripts_priority():
     assert ray_node_env({"RAY_worker_niceness": "5"})["RAY_worker_niceness"] == "5"
 
 
+def test_deployed_nodes_run_serve_with_the_local_clusters_throughput_settings():
+    from eft.api.local import SERVE_NODE_ENV, ray_node_env
+
+    assert set(SERVE_NODE_ENV) and all(k.startswith("RAY_SERVE_") for k in SERVE_NODE_ENV)
+    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in SERVE_NODE_ENV  # clients reach the proxy
+    for env in _deploy_settings():
+        assert {k: str(env.get(k)) for k in SERVE_NODE_ENV} == SERVE_NODE_ENV
+    assert ray_node_env({})["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "1"
+    assert ray_node_env({"RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"})["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "0"
+
+
 def test_deployed_uploads_live_on_a_filesystem_the_service_accepts():
     from eft.service.files import files_root
     from eft.service.settings import Settings
