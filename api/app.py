@@ -25,6 +25,7 @@ from eft.types.jobs import Caller, ErrorResponse, Health
 from eft.api.routes import files, jobs, openai, plan
 from eft.api.routes import logs as logs_routes
 from eft.api.routes import manifest as manifest_routes
+from eft.api.routes import models as models_routes
 from eft.api.routes import metrics as metrics_routes
 from eft.api.routes import ui as ui_routes
 from eft.service.auth import KeyStore
@@ -150,6 +151,7 @@ def create_app(job_service: JobService) -> FastAPI:
     app.include_router(files.router, max_body_size=upload_limit, responses=ERROR_RESPONSES)
     app.include_router(files.router, prefix="/v1", max_body_size=upload_limit, include_in_schema=False)
     app.include_router(openai.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
+    app.include_router(models_routes.router, responses=ERROR_RESPONSES)
     app.include_router(logs_routes.router, responses=ERROR_RESPONSES)
     app.include_router(manifest_routes.router, responses=ERROR_RESPONSES)
     ui_routes.install(app)

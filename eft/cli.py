@@ -327,16 +327,16 @@ def jobs_checkpoints(ctx: typer.Context, job_id: JobId, as_json: AsJson = False)
 
 
 # The one table of commands: "group name" -> function. Registration below reads only this;
-# `eft jobs wait|watch|logs|plot`, `eft files` and `eft plan` live in modules of their own, the server's commands (`up`, `down`,
+# `eft jobs wait|watch|logs|plot`, `eft files`, `eft models` and `eft plan` live in modules of their own, the server's commands (`up`, `down`,
 # `keys`) arrive through the `eft.commands` entry-point group (eft/_plugins.py).
 COMMANDS: dict[str, Callable[..., None]] = {
     "jobs create": jobs_create, "jobs list": jobs_list, "jobs get": jobs_get,
     "jobs cancel": jobs_cancel, "jobs events": jobs_events, "jobs checkpoints": jobs_checkpoints,
 }
 GROUPS: dict[str, typer.Typer] = {"": app, "jobs": jobs_app}
-from eft import _plugins, cli_files, cli_plan, cli_watch  # noqa: E402
+from eft import _plugins, cli_files, cli_models, cli_plan, cli_watch  # noqa: E402
 
-for _module in (cli_watch, cli_files, cli_plan, *_plugins.command_modules()):
+for _module in (cli_watch, cli_files, cli_models, cli_plan, *_plugins.command_modules()):
     COMMANDS.update(_module.COMMANDS)
     for _group_name, _help in getattr(_module, "GROUPS", {}).items():
         GROUPS[_group_name] = typer.Typer(help=_help, no_args_is_help=True)

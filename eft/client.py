@@ -31,6 +31,7 @@ import httpx
 from eft._base import BaseClient, M, __version__, plan_body
 from eft.files import AsyncFiles, Files
 from eft.jobs import AsyncJobPage, AsyncJobs, JobPage, Jobs
+from eft.models import AsyncModels, Models
 from eft.types.jobs import Health
 from eft.types.plans import Plan, PlanRequest
 
@@ -49,6 +50,7 @@ class Client(BaseClient):
         self._sleep = sleep or time.sleep
         self.jobs = Jobs(self)
         self.files = Files(self)
+        self.models = Models(self)
 
     def health(self) -> Health:
         """Return the service's health (GET /healthz); raises `EftError` subclasses."""
@@ -117,6 +119,7 @@ class AsyncClient(BaseClient):
         self._sleep = sleep or asyncio.sleep
         self.jobs = AsyncJobs(self)
         self.files = AsyncFiles(self)
+        self.models = AsyncModels(self)
 
     async def health(self) -> Health:
         """Return the service's health (GET /healthz); raises `EftError` subclasses."""

@@ -40,6 +40,15 @@ class JobNotFound(ServiceError):
         )
 
 
+class ModelNotFound(ServiceError):
+    status_code = 404
+    code = "model_not_found"
+
+    def __init__(self, model: str):
+        super().__init__(f"no model {model!r} for this key: list the models you can use with GET /v1/models",
+                         param="model")
+
+
 class Conflict(ServiceError):
     status_code = 409
     code = "conflict"

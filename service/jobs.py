@@ -23,10 +23,11 @@ from eft.types.jobs import (
     JobStatus,
 )
 from eft.service.auth import Principal
-from eft.service.errors import Conflict
+from eft.service.errors import Conflict, JobNotFound, ModelNotFound
 from eft.service.file_checks import check_job_files
 from eft.service.files import FileStore
 from eft.service.idempotency import Idempotency, request_digest
+from eft.service.model_ids import checkpoint_model_id, fine_tuned_model_id, parse_model_id
 from eft.service.launcher import Launcher, stop_quietly
 from eft.service.progress import progress_fields
 from eft.service.quotas import check_quota, demand
@@ -41,6 +42,11 @@ RESOLVED_KEYS = ("strategy", "offload", "gradient_checkpointing", "attention", "
                  "predicted_memory_gb", "total_steps")
 
 
+def model_id(job: JobRecord) -> str:
+    """The id of the model `job` trains: `ft:<base>:<name or tenant>:<job id>`."""
+    return fine_tuned_model_id(job.request["model"], job.id, job.name, job.tenant)
+
+
 def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
     """The wire job; `latest` (the newest metrics values) adds trained tokens and a finer ETA."""
     request = JobCreate.model_validate(job.request)
@@ -52,6 +58,7 @@ def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
         created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
         attempt=job.attempt, num_workers=job.num_workers, step=job.step,
         total_steps=job.total_steps, error=error, artifact_path=job.artifact_path,
+        fine_tuned_model=model_id(job) if job.status is JobStatus.succeeded and job.artifact_path else None,
         ray_submission_id=job.submission_id, result_metrics=job.result_metrics or {},
         restarts=job.restarts, preemptions=job.preemptions, resizes=job.resizes,
         lost_steps=job.lost_steps,
@@ -165,5 +172,40 @@ class JobService:
         return JobMetricList(data=[JobMetric(**m) for m in rows[:limit]], has_more=len(rows) > limit)
 
     def checkpoints(self, job_id: str, tenant: str) -> list[dict[str, Any]]:
-        self.store.get_job(job_id, tenant)
-        return self.store.list_checkpoints(job_id)
+        """The job's checkpoints, oldest first, each with its model id (`<job's id>:ckpt-<step>`)."""
+        model = model_id(self.store.get_job(job_id, tenant))
+        return [{**c, "model": checkpoint_model_id(model, c["step"])} for c in self.store.list_checkpoints(job_id)]
+
+    def fine_tuned_models(self, tenant: str | None) -> list[JobRecord]:
+        """The succeeded jobs of `tenant` (None: every tenant's), newest first: the models they
+        trained, as `/v1/models` lists them."""
+        found: list[JobRecord] = []
+        after = None
+        while True:
+            page, has_more = self.store.list_jobs(tenant=tenant, limit=100, after=after,
+                                                  statuses=[JobStatus.succeeded])
+            found += [j for j in page if j.artifact_path]
+            if not has_more or not page:
+                return found
+            after = page[-1].id
+
+    def resolve_model(self, model: str, tenant: str | None) -> tuple[JobRecord, dict[str, Any] | None]:
+        """The job behind a fine-tuned model id, and the checkpoint it names (None: the model
+        the job published). Raises ModelNotFound for an id that is not exactly one of this
+        tenant's: another tenant's model, a job that has not succeeded (for the published
+        model), a checkpoint never saved or pruned since, an id with another base or name."""
+        ref = parse_model_id(model)
+        if ref is None:
+            raise ModelNotFound(model)
+        try:
+            job = self.store.get_job(ref.job_id, tenant)
+        except JobNotFound:
+            raise ModelNotFound(model) from None
+        if ref.step is None:
+            if model != model_id(job) or job.status is not JobStatus.succeeded or not job.artifact_path:
+                raise ModelNotFound(model)
+            return job, None
+        for checkpoint in self.checkpoints(job.id, tenant):
+            if checkpoint["model"] == model and checkpoint["available"]:
+                return job, checkpoint
+        raise ModelNotFound(model)

@@ -4,7 +4,9 @@
   map `n_epochs` -> epochs, `batch_size` -> global batch, `learning_rate_multiplier` x 2e-4 ->
   learning rate; `seed`, `metadata` carry over; `suffix` becomes the job's name.
 - object: our statuses become OpenAI's (`validating` -> `validating_files`, `cancelling` ->
-  `cancelled`), times become Unix seconds, `fine_tuned_model` is the adapter's location.
+  `cancelled`), times become Unix seconds, `fine_tuned_model` is the trained model's `ft:` id
+  (service/model_ids.py) and a checkpoint's `fine_tuned_model_checkpoint` its own; where their
+  files are is `artifact_path` and the checkpoint's `path` on `/jobs`.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def to_openai_job(job: Job, tenant: str) -> FineTuningJob:
         error = FineTuningJobError(code=job.error.code, message=job.error.message, param=job.error.param)
     return FineTuningJob(
         id=job.id, model=job.model, created_at=_seconds(job.created_at) or 0,
-        finished_at=_seconds(job.finished_at), fine_tuned_model=job.artifact_path,
+        finished_at=_seconds(job.finished_at), fine_tuned_model=job.fine_tuned_model,
         organization_id=ORGANIZATION_PREFIX + tenant, status=STATUS[job.status],
         training_file=job.training_file, validation_file=job.validation_file,
         hyperparameters=hyperparameters,
@@ -105,6 +107,6 @@ def to_openai_checkpoint(job_id: str, checkpoint: dict[str, Any]) -> FineTuningJ
     return FineTuningJobCheckpoint(
         id=f"ftckpt-{job_id.removeprefix('ftjob-')}-{checkpoint['attempt']}-{checkpoint['step']}",
         created_at=_seconds(checkpoint["created_at"]) or 0,
-        fine_tuned_model_checkpoint=checkpoint["path"], fine_tuning_job_id=job_id,
+        fine_tuned_model_checkpoint=checkpoint["model"], fine_tuning_job_id=job_id,
         metrics={"step": checkpoint["step"], **metrics}, step_number=checkpoint["step"],
     )

@@ -311,7 +311,11 @@ class Job(_Response):
     step: int = 0
     total_steps: int | None = None
     error: JobError | None = None
-    artifact_path: str | None = None
+    artifact_path: str | None = Field(
+        None, description="Where the trained adapter (or model) was written: a directory or an object-store URI.")
+    fine_tuned_model: str | None = Field(
+        None, description="The trained model's id once the job succeeded, `ft:<base>:<name or tenant>:<job id>`: "
+        "the name `/v1/models` lists. Its files are at `artifact_path`.")
     ray_submission_id: str | None = None
     restarts: int = Field(0, description="Worker-group restarts after platform failures.")
     preemptions: int = Field(0, description="Node preemptions (drains) the job rode out.")
@@ -384,6 +388,7 @@ class JobCheckpoint(_Response):
     step: int
     attempt: int
     path: str = Field(description="Where it is: a directory or an object-store URI.")
+    model: str | None = Field(None, description="This checkpoint's model id: the job's `ft:` id and `:ckpt-<step>`.")
     metrics: dict[str, Any] | None = None
     world_size: int | None = None
     reason: str | None = Field(None, description="interval, preemption, final, ...")

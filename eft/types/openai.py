@@ -75,7 +75,9 @@ class FineTuningJob(_Response):
     model: str
     created_at: int
     finished_at: int | None = None
-    fine_tuned_model: str | None = Field(None, description="Where the adapter was written.")
+    fine_tuned_model: str | None = Field(
+        None, description="The trained model's id (`ft:<base>:<suffix or tenant>:<job id>`) once the job "
+        "succeeded; `GET /jobs/{id}` gives its files' location as `artifact_path`.")
     organization_id: str
     result_files: list[str] = Field(default_factory=list)
     status: Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
@@ -130,3 +132,18 @@ class FineTuningJobCheckpointList(ListResponse):
     has_more: bool
     first_id: str | None = None
     last_id: str | None = None
+
+
+class Model(_Response):
+    """A model this key can fine-tune from or use: a base model on the server, or a model a
+    job of its tenant trained (`ft:` id)."""
+
+    object: Literal["model"] = "model"
+    id: str
+    created: int = Field(description="Unix seconds: when the base model's files were written, or the job finished.")
+    owned_by: str = Field(description="`system` for a base model, `org-<tenant>` for a fine-tuned one.")
+
+
+class ModelList(ListResponse):
+    object: Literal["list"] = "list"
+    data: list[Model]

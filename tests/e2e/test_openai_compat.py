@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from eft.service.settings import BUNDLED_ASSETS
@@ -16,8 +17,23 @@ from tests.e2e.conftest import ADMIN_KEY
 pytestmark = pytest.mark.e2e
 
 
+def _key_for(home: Path, tenant: str) -> str:
+    """A user key of `tenant`, made in the service's own store (as `eft keys create` does)."""
+    from eft.service.auth import KeyStore
+    from eft.service.settings import Settings
+    from eft.service.store import Store
+
+    store = Store(Settings(home=home, database_url=None).resolved_database_url)
+    try:
+        return KeyStore(store.engine).create(tenant, "user", name="e2e")[1]
+    finally:
+        store.close()
+
+
 def test_the_openai_client_runs_a_fine_tuning_job(service):
     from openai import NotFoundError, OpenAI
+
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
     client = OpenAI(base_url=f"{service['url']}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60)
     lines = (BUNDLED_ASSETS / "data" / "demo" / "chat_train.jsonl").read_text().splitlines()[:32]
@@ -41,7 +57,11 @@ def test_the_openai_client_runs_a_fine_tuning_job(service):
         time.sleep(1)
     assert job.status == "succeeded", job.error
     assert job.finished_at >= job.created_at and job.hyperparameters.batch_size == 4
-    adapter = Path(job.fine_tuned_model)
+    # The trained model is named by an id, OpenAI's way; where its files are is a field of ours.
+    assert job.fine_tuned_model == f"ft:tiny-llama:openai-e2e:{job.id}"
+    ours = httpx.get(f"{service['url']}/jobs/{job.id}", headers=headers).raise_for_status().json()
+    assert ours["fine_tuned_model"] == job.fine_tuned_model
+    adapter = Path(ours["artifact_path"])
     assert json.loads((adapter / "adapter_config.json").read_text())["peft_type"] == "LORA"
 
     events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
@@ -54,6 +74,24 @@ def test_the_openai_client_runs_a_fine_tuning_job(service):
     checkpoints = client.fine_tuning.jobs.checkpoints.list(job.id).data
     assert checkpoints and checkpoints[0].step_number == 3
     assert checkpoints[0].fine_tuning_job_id == job.id
+    assert checkpoints[0].fine_tuned_model_checkpoint == f"{job.fine_tuned_model}:ckpt-3"
+
+    # /v1/models: the base models and this tenant's trained ones; each id retrieves as itself.
+    listed = {m.id: m for m in client.models.list().data}
+    assert listed["tiny-llama"].owned_by == "system" and "tiny-qwen3" in listed
+    assert listed[job.fine_tuned_model].owned_by == "org-default"
+    assert client.models.retrieve(job.fine_tuned_model).created == job.finished_at
+    assert client.models.retrieve(checkpoints[0].fine_tuned_model_checkpoint).id.endswith(":ckpt-3")
+    for unknown in (f"ft:tiny-llama:other-suffix:{job.id}", f"{job.fine_tuned_model}:ckpt-99", "ft:x:y:ftjob-nope"):
+        with pytest.raises(NotFoundError) as missing:
+            client.models.retrieve(unknown)
+        assert missing.value.body["code"] == "model_not_found" and missing.value.body["param"] == "model"
+    # Another tenant neither sees nor reaches it.
+    other_key = _key_for(service["home"], "other-tenant")
+    other = OpenAI(base_url=f"{service['url']}/v1", api_key=other_key, max_retries=0, timeout=60)
+    assert job.fine_tuned_model not in {m.id for m in other.models.list().data}
+    with pytest.raises(NotFoundError):
+        other.models.retrieve(job.fine_tuned_model)
 
     with pytest.raises(NotFoundError):
         client.fine_tuning.jobs.retrieve("ftjob-doesnotexist")
