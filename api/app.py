@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from eft.api.deps import CurrentPrincipal, JobServiceDep, get_principal
 from eft.api.middleware import REQUEST_ID, RequestContext
 from eft.types.jobs import Caller, ErrorResponse, Health
-from eft.api.routes import files, jobs, openai, plan
+from eft.api.routes import artifacts, files, jobs, openai, plan
 from eft.api.routes import logs as logs_routes
 from eft.api.routes import manifest as manifest_routes
 from eft.api.routes import models as models_routes
@@ -154,6 +154,7 @@ def create_app(job_service: JobService) -> FastAPI:
     app.include_router(models_routes.router, responses=ERROR_RESPONSES)
     app.include_router(logs_routes.router, responses=ERROR_RESPONSES)
     app.include_router(manifest_routes.router, responses=ERROR_RESPONSES)
+    app.include_router(artifacts.router, responses=ERROR_RESPONSES)
     ui_routes.install(app)
 
     @app.get("/me", response_model=Caller, tags=["auth"], responses=ERROR_RESPONSES)

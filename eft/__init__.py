@@ -34,6 +34,7 @@ _EXPORTS = {
     "AuthenticationError": "eft._errors",
     "BadRequestError": "eft._errors",
     "ConflictError": "eft._errors",
+    "DownloadError": "eft._errors",
     "EftError": "eft._errors",
     "InternalServerError": "eft._errors",
     "NotFoundError": "eft._errors",

@@ -42,6 +42,11 @@ class WaitTimeoutError(EftError, TimeoutError):
         )
 
 
+class DownloadError(EftError):
+    """A downloaded file does not match the size or SHA-256 the service listed for it (or would
+    land outside the destination); nothing of it is left in place."""
+
+
 class APIStatusError(EftError):
     """The service answered with an error status.
 

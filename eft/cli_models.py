@@ -1,17 +1,20 @@
-"""`eft models`: the base models the server fine-tunes and the models your jobs trained.
+"""`eft models`: the base models the server fine-tunes and the models your jobs trained, and
+`eft jobs download`: a job's files onto local disk.
 
     eft models list
     eft models get ft:tiny-llama:support-bot:ftjob-...
+    eft jobs download ftjob-... -o ./adapter [--checkpoint 40]
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from eft.cli import AsJson, _client, _emit_json, _table, out
+from eft.cli import AsJson, JobId, _client, _emit_json, _table, out
 
 GROUPS = {"models": "List base and fine-tuned models."}
 
@@ -39,3 +42,19 @@ def models_get(ctx: typer.Context,
 
 
 COMMANDS = {"models list": models_list, "models get": models_get}
+
+
+def jobs_download(ctx: typer.Context, job_id: JobId,
+                  output: Annotated[Path, typer.Option("--output", "-o", help="Directory to write the files under.")],
+                  checkpoint: Annotated[int | None, typer.Option(min=0, help="A kept checkpoint's step instead of "
+                                                                 "the published artifact.")] = None,
+                  as_json: AsJson = False) -> None:
+    """Download a job's artifact (or a checkpoint), each file checked against its SHA-256:
+    `eft jobs download ftjob-... -o ./adapter [--checkpoint 40]`."""
+    paths = _client(ctx).jobs.download(job_id, output, checkpoint=checkpoint)
+    if as_json:
+        return _emit_json({"job_id": job_id, "checkpoint": checkpoint, "files": [str(p) for p in paths]})
+    out.print(_table("file", "bytes", rows=[(str(p), p.stat().st_size) for p in paths]))
+
+
+COMMANDS["jobs download"] = jobs_download

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -112,6 +114,14 @@ class Jobs:
         """Return every checkpoint the job saved, oldest first (`available` once pruned: False)."""
         return self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
 
+    def download(self, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None) -> list[Path]:
+        """Write the job's artifact (or its checkpoint of step `checkpoint`) under `dest`, each
+        file checked against the size and SHA-256 the service lists; returns the paths. Raises
+        `DownloadError` on a mismatch, `ConflictError` before the job succeeded."""
+        from eft.downloads import download
+
+        return download(self._client, job_id, dest, checkpoint)
+
     def manifest(self, job_id: str) -> dict[str, Any]:
         """Return the artifact's `eft_manifest.json`; raises `ConflictError` before it exists."""
         return self._client._request_json("GET", f"/jobs/{job_id}/manifest")
@@ -197,6 +207,11 @@ class AsyncJobs:
 
     async def checkpoints(self, job_id: str) -> JobCheckpointList:
         return await self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
+
+    async def download(self, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None) -> list[Path]:
+        from eft.downloads import download_async
+
+        return await download_async(self._client, job_id, dest, checkpoint)
 
     async def manifest(self, job_id: str) -> dict[str, Any]:
         return await self._client._request_json("GET", f"/jobs/{job_id}/manifest")

@@ -398,6 +398,21 @@ class JobCheckpoint(_Response):
     created_at: datetime
 
 
+class ArtifactFile(_Response):
+    path: str = Field(description="Relative to the artifact (or checkpoint) directory.")
+    bytes: int
+    sha256: str
+
+
+class ArtifactFileList(ListResponse):
+    """The files of a job's artifact, or of one of its checkpoints (`checkpoint`: its step)."""
+
+    object: Literal["list"] = "list"
+    job_id: str
+    checkpoint: int | None = None
+    data: list[ArtifactFile]
+
+
 class JobCheckpointList(ListResponse):
     object: Literal["list"] = "list"
     data: list[JobCheckpoint]

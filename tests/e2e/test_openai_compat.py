@@ -30,7 +30,7 @@ def _key_for(home: Path, tenant: str) -> str:
         store.close()
 
 
-def test_the_openai_client_runs_a_fine_tuning_job(service):
+def test_the_openai_client_runs_a_fine_tuning_job(service, tmp_path):
     from openai import NotFoundError, OpenAI
 
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -63,6 +63,15 @@ def test_the_openai_client_runs_a_fine_tuning_job(service):
     assert ours["fine_tuned_model"] == job.fine_tuned_model
     adapter = Path(ours["artifact_path"])
     assert json.loads((adapter / "adapter_config.json").read_text())["peft_type"] == "LORA"
+    # ...and its files come out through the API, each checked against the SHA-256 listed.
+    from eft import Client
+
+    with Client(base_url=service["url"], api_key=ADMIN_KEY, max_retries=0) as ours_client:
+        got = ours_client.jobs.download(job.id, tmp_path / "adapter")
+    assert {p.relative_to(tmp_path / "adapter") for p in got} == {
+        p.relative_to(adapter) for p in adapter.rglob("*") if p.is_file()}
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").read_bytes() == (
+        adapter / "adapter_model.safetensors").read_bytes()
 
     events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
     assert events and events[0].created_at >= events[-1].created_at  # newest first

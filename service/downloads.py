@@ -1,0 +1,84 @@
+"""What a job wrote, file by file, for download through the API: the published artifact of a
+succeeded job, or one of its kept checkpoints, from any storage the service supports (a
+directory, an object store). Each file is listed with its size and SHA-256, which the clients
+check after the download; a file's hash is computed once per version (path, size, mtime)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any, Iterator
+
+import pyarrow.fs as pafs
+
+from eft.service.errors import Conflict, ServiceError
+from eft.service.store import JobRecord
+from eft.types.jobs import JobStatus
+
+CHUNK = 1 << 20
+
+
+class ArtifactNotFound(ServiceError):
+    status_code = 404
+    code = "artifact_not_found"
+
+
+def location_of(job: JobRecord, checkpoints: list[dict[str, Any]], step: int | None) -> str:
+    """Where the files to download are: the job's artifact (step None), or its checkpoint of
+    `step`. Raises Conflict for a job with no artifact yet, ArtifactNotFound for a checkpoint
+    never saved or pruned since."""
+    if step is None:
+        if job.status is not JobStatus.succeeded or not job.artifact_path:
+            raise Conflict(f"job {job.id} is {job.status.value}: its artifact is written when it succeeds; "
+                           "download one of its checkpoints with ?checkpoint=<step> meanwhile",
+                           code="artifact_not_available", param="job_id")
+        return job.artifact_path
+    for checkpoint in checkpoints:
+        if checkpoint["step"] == step and checkpoint["available"]:
+            return checkpoint["path"]
+    kept = [c["step"] for c in checkpoints if c["available"]]
+    raise ArtifactNotFound(f"job {job.id} keeps no checkpoint of step {step} (kept: {kept or 'none'}): "
+                           "list them with GET /jobs/{id}/checkpoints", param="checkpoint")
+
+
+def list_files(location: str) -> list[dict[str, Any]]:
+    """Every file under `location`, by path relative to it, with `bytes` and `sha256`."""
+    from eft.training import storage
+
+    place = storage.resolve(location)
+    selector = pafs.FileSelector(place.path, recursive=True, allow_not_found=True)
+    infos = sorted((i for i in place.filesystem.get_file_info(selector) if i.type == pafs.FileType.File),
+                   key=lambda i: i.path)
+    root = place.path.rstrip("/") + "/"
+    return [{"path": i.path[len(root):], "bytes": i.size,
+             "sha256": _sha256(place.uri, i.path, i.size, i.mtime_ns)} for i in infos]
+
+
+@functools.lru_cache(maxsize=4096)
+def _sha256(uri: str, path: str, _size: int, _mtime_ns: int | None) -> str:
+    from eft.training import storage
+
+    digest = hashlib.sha256()
+    with storage.resolve(uri).filesystem.open_input_stream(path) as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def open_file(location: str, relative: str) -> tuple[dict[str, Any], Iterator[bytes]]:
+    """A listed file's entry and its bytes in chunks. Raises ArtifactNotFound for a path that
+    is not one of the files `list_files` lists (nothing outside the location is reachable)."""
+    from eft.training import storage
+
+    entry = next((f for f in list_files(location) if f["path"] == relative), None)
+    if entry is None:
+        raise ArtifactNotFound(f"no file {relative!r} here: list the files with GET /jobs/{{id}}/artifacts",
+                               param="path")
+    place = storage.resolve(location).child(relative)
+
+    def chunks() -> Iterator[bytes]:
+        with place.filesystem.open_input_stream(place.path) as fh:
+            while chunk := fh.read(CHUNK):
+                yield chunk
+
+    return entry, chunks()

@@ -1,0 +1,128 @@
+"""Downloading what a job wrote through the API (`/jobs/{id}/artifacts`, `client.jobs.download`,
+`eft jobs download`), and the model ids a succeeded job and its checkpoints get, over the real app
+and store. The job's artifact is a real PEFT adapter of a bundled model; the job reaches
+`succeeded` through the store's own lifecycle, as its driver moves it (the whole path, training
+included, is in tests/e2e/test_openai_compat.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from eft.api.app import create_app
+from eft.service.auth import KeyStore
+from eft.service.jobs import JobService
+from eft.service.launcher import RayJobsLauncher
+from eft.service.settings import BUNDLED_ASSETS, get_settings
+from eft.service.store import Store
+from eft.types.jobs import JobStatus
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def env(eft_home, tmp_path):
+    settings = get_settings()
+    store = Store(settings.resolved_database_url)
+    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    keys = KeyStore(store.engine)
+    keys_of = {t: keys.create(t, "user", name="t")[1] for t in ("acme", "globex")}
+    clients = {t: TestClient(app, headers={"Authorization": f"Bearer {k}"}) for t, k in keys_of.items()}
+    turns = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]
+    (eft_home / "data" / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    with clients["acme"], clients["globex"]:
+        yield clients, keys_of, store, tmp_path
+    store.close()
+
+
+def _adapter(where):
+    """A real LoRA adapter of the bundled tiny Llama, with a file in a subfolder."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_ASSETS / "models" / "tiny-llama")
+    get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(where)
+    (where / "tensorboard").mkdir()
+    (where / "tensorboard" / "events.out").write_bytes(bytes(range(256)) * 5000)
+    return where
+
+
+def _succeed(store, job_id, artifact):
+    store.transition(job_id, JobStatus.queued, "validated")
+    store.transition(job_id, JobStatus.running, "dispatched", attempt=1)
+    store.record_checkpoint(job_id, 1, 2, str(artifact), {"loss": 1.5}, reason="interval")
+    store.transition(job_id, JobStatus.succeeded, "done", artifact_path=str(artifact))
+
+
+def test_a_succeeded_jobs_files_download_checked_and_its_model_ids_resolve(env, monkeypatch):
+    from typer.testing import CliRunner
+
+    from eft import Client
+    from eft import cli as cli_module
+
+    clients, keys_of, store, tmp = env
+    acme = clients["acme"]
+    job = acme.post("/jobs", json={"model": "tiny-llama", "training_file": "chat.jsonl", "name": "bot"}).json()
+    early = acme.get(f"/jobs/{job['id']}/artifacts")
+    assert early.status_code == 409 and early.json()["error"]["code"] == "artifact_not_available"
+    assert "validating" in early.json()["error"]["message"]
+
+    source = _adapter(tmp / "published")
+    _succeed(store, job["id"], source)
+    listing = acme.get(f"/jobs/{job['id']}/artifacts").json()
+    on_disk = {str(p.relative_to(source)): p for p in source.rglob("*") if p.is_file()}
+    assert {f["path"] for f in listing["data"]} == set(on_disk) >= {"adapter_config.json", "tensorboard/events.out"}
+    for f in listing["data"]:
+        assert f["bytes"] == on_disk[f["path"]].stat().st_size
+        assert f["sha256"] == hashlib.sha256(on_disk[f["path"]].read_bytes()).hexdigest()
+
+    sync = Client(base_url="http://testserver", api_key=keys_of["acme"], http_client=acme, max_retries=0)
+    written = sync.jobs.download(job["id"], tmp / "got")
+    assert sorted(str(p.relative_to(tmp / "got")) for p in written) == sorted(on_disk)
+    assert all((tmp / "got" / rel).read_bytes() == path.read_bytes() for rel, path in on_disk.items())
+    assert not list((tmp / "got").rglob("*.part"))
+    ckpt = sync.jobs.download(job["id"], tmp / "ckpt", checkpoint=2)
+    assert len(ckpt) == len(on_disk)
+
+    monkeypatch.setattr(cli_module, "make_client", lambda base_url, api_key: sync)
+    shown = CliRunner().invoke(cli_module.app, ["jobs", "download", job["id"], "-o", str(tmp / "cli"), "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert len(json.loads(shown.output)["files"]) == len(on_disk)
+
+    # What is not listed is not reachable; a checkpoint the job does not keep is a 404.
+    for path, params in [("..%2F..%2Feft.db", {}), ("adapter_config.json", {"checkpoint": 5})]:
+        r = acme.get(f"/jobs/{job['id']}/artifacts/{path}", params=params)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "artifact_not_found", r.text
+    assert clients["globex"].get(f"/jobs/{job['id']}/artifacts").status_code == 404
+
+    # The model ids: on the job, its checkpoints and /v1, for its tenant only.
+    model = f"ft:tiny-llama:bot:{job['id']}"
+    assert acme.get(f"/jobs/{job['id']}").json()["fine_tuned_model"] == model
+    assert acme.get(f"/jobs/{job['id']}/checkpoints").json()["data"][0]["model"] == f"{model}:ckpt-2"
+    assert acme.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"] == model
+    assert model in [m["id"] for m in acme.get("/v1/models").json()["data"]]
+    assert acme.get(f"/v1/models/{model}").json()["owned_by"] == "org-acme"
+    assert acme.get(f"/v1/models/{model}:ckpt-2").status_code == 200
+    assert clients["globex"].get(f"/v1/models/{model}").status_code == 404
+    assert model not in [m["id"] for m in clients["globex"].get("/v1/models").json()["data"]]
+
+
+def test_a_download_that_does_not_match_its_listing_leaves_nothing(tmp_path):
+    from eft._errors import DownloadError
+    from eft.downloads import _Sink
+    from eft.types.jobs import ArtifactFile
+
+    entry = ArtifactFile(path="sub/weights.bin", bytes=4, sha256=hashlib.sha256(b"abcd").hexdigest())
+    good = _Sink(tmp_path, entry)
+    good.write(b"abcd")
+    assert good.finish().read_bytes() == b"abcd"
+    bad = _Sink(tmp_path, entry.model_copy(update={"path": "other.bin"}))
+    bad.write(b"abce")
+    with pytest.raises(DownloadError, match="sha256"):
+        bad.finish()
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["weights.bin"]
+    with pytest.raises(DownloadError, match="outside"):
+        _Sink(tmp_path, entry.model_copy(update={"path": "../escape.bin"}))
