@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import quote
 
 import httpx
@@ -29,6 +29,17 @@ def _target(dest: Path, entry: ArtifactFile) -> Path:
 
 def _params(checkpoint: int | None) -> dict[str, int]:
     return {} if checkpoint is None else {"checkpoint": checkpoint}
+
+
+def _file_requests(client: Client | AsyncClient, job_id: str, listing: ArtifactFileList,
+                   checkpoint: int | None) -> Iterator[tuple[ArtifactFile, dict[str, Any]]]:
+    """Each listed file with the keyword arguments of the streamed GET that fetches it."""
+    for entry in listing.data:
+        kwargs = client._request_kwargs("GET", f"/jobs/{job_id}/artifacts/{quote(entry.path)}", None,
+                                        _params(checkpoint), None)
+        kwargs["headers"]["Accept"] = "application/octet-stream"
+        del kwargs["json"]
+        yield entry, kwargs
 
 
 class _Sink:
@@ -64,14 +75,11 @@ def download(client: Client, job_id: str, dest: str | os.PathLike, checkpoint: i
     dest = Path(dest)
     listing = client._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList, params=_params(checkpoint))
     written = []
-    for entry in listing.data:
-        kwargs = client._request_kwargs("GET", f"/jobs/{job_id}/artifacts/{quote(entry.path)}", None,
-                                        _params(checkpoint), None)
-        kwargs["headers"]["Accept"] = "application/octet-stream"
+    for entry, kwargs in _file_requests(client, job_id, listing, checkpoint):
         for retry in range(client.max_retries + 1):
             sink = _Sink(dest, entry)
             try:
-                with client._http.stream(**{k: v for k, v in kwargs.items() if k != "json"}) as response:
+                with client._http.stream(**kwargs) as response:
                     if not response.is_success:
                         response.read()
                         raise client._error(response)
@@ -96,14 +104,11 @@ async def download_async(client: AsyncClient, job_id: str, dest: str | os.PathLi
     listing = await client._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList,
                                     params=_params(checkpoint))
     written = []
-    for entry in listing.data:
-        kwargs = client._request_kwargs("GET", f"/jobs/{job_id}/artifacts/{quote(entry.path)}", None,
-                                        _params(checkpoint), None)
-        kwargs["headers"]["Accept"] = "application/octet-stream"
+    for entry, kwargs in _file_requests(client, job_id, listing, checkpoint):
         for retry in range(client.max_retries + 1):
             sink = _Sink(dest, entry)
             try:
-                async with client._http.stream(**{k: v for k, v in kwargs.items() if k != "json"}) as response:
+                async with client._http.stream(**kwargs) as response:
                     if not response.is_success:
                         await response.aread()
                         raise client._error(response)

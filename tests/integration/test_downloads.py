@@ -6,9 +6,11 @@ included, is in tests/e2e/test_openai_compat.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -60,7 +62,7 @@ def _succeed(store, job_id, artifact):
 def test_a_succeeded_jobs_files_download_checked_and_its_model_ids_resolve(env, monkeypatch):
     from typer.testing import CliRunner
 
-    from eft import Client
+    from eft import AsyncClient, Client
     from eft import cli as cli_module
 
     clients, keys_of, store, tmp = env
@@ -86,6 +88,15 @@ def test_a_succeeded_jobs_files_download_checked_and_its_model_ids_resolve(env, 
     assert not list((tmp / "got").rglob("*.part"))
     ckpt = sync.jobs.download(job["id"], tmp / "ckpt", checkpoint=2)
     assert len(ckpt) == len(on_disk)
+
+    async def download_async():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=acme.app)) as raw:
+            aclient = AsyncClient(base_url="http://testserver", api_key=keys_of["acme"], http_client=raw,
+                                  max_retries=0)
+            return await aclient.jobs.download(job["id"], tmp / "async")
+
+    assert len(asyncio.run(download_async())) == len(on_disk)
+    assert (tmp / "async" / "tensorboard" / "events.out").read_bytes() == (source / "tensorboard" / "events.out").read_bytes()
 
     monkeypatch.setattr(cli_module, "make_client", lambda base_url, api_key: sync)
     shown = CliRunner().invoke(cli_module.app, ["jobs", "download", job["id"], "-o", str(tmp / "cli"), "--json"])
