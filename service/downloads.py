@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from pathlib import PurePosixPath
 from typing import Any, Iterator
 
 import pyarrow.fs as pafs
@@ -41,6 +42,11 @@ def location_of(job: JobRecord, checkpoints: list[dict[str, Any]], step: int | N
                            "list them with GET /jobs/{id}/checkpoints", param="checkpoint")
 
 
+def _entry(place_uri: str, info: pafs.FileInfo, root: str) -> dict[str, Any]:
+    return {"path": info.path[len(root):], "bytes": info.size,
+            "sha256": _sha256(place_uri, info.path, info.size, info.mtime_ns)}
+
+
 def list_files(location: str) -> list[dict[str, Any]]:
     """Every file under `location`, by path relative to it, with `bytes` and `sha256`."""
     from eft.training import storage
@@ -50,8 +56,7 @@ def list_files(location: str) -> list[dict[str, Any]]:
     infos = sorted((i for i in place.filesystem.get_file_info(selector) if i.type == pafs.FileType.File),
                    key=lambda i: i.path)
     root = place.path.rstrip("/") + "/"
-    return [{"path": i.path[len(root):], "bytes": i.size,
-             "sha256": _sha256(place.uri, i.path, i.size, i.mtime_ns)} for i in infos]
+    return [_entry(place.uri, i, root) for i in infos]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -66,18 +71,22 @@ def _sha256(uri: str, path: str, _size: int, _mtime_ns: int | None) -> str:
 
 
 def open_file(location: str, relative: str) -> tuple[dict[str, Any], Iterator[bytes]]:
-    """A listed file's entry and its bytes in chunks. Raises ArtifactNotFound for a path that
-    is not one of the files `list_files` lists (nothing outside the location is reachable)."""
+    """One file's entry (as `list_files` gives it) and its bytes in chunks. Raises
+    ArtifactNotFound for anything but a file under the location (no `..`, no absolute path)."""
     from eft.training import storage
 
-    entry = next((f for f in list_files(location) if f["path"] == relative), None)
-    if entry is None:
+    parts = PurePosixPath(relative).parts
+    place = storage.resolve(location)
+    info = None
+    if parts and not PurePosixPath(relative).is_absolute() and not any(p in (".", "..") for p in parts):
+        info = place.filesystem.get_file_info(place.child(relative).path)
+    if info is None or info.type != pafs.FileType.File:
         raise ArtifactNotFound(f"no file {relative!r} here: list the files with GET /jobs/{{id}}/artifacts",
                                param="path")
-    place = storage.resolve(location).child(relative)
+    entry = _entry(place.uri, info, place.path.rstrip("/") + "/")
 
     def chunks() -> Iterator[bytes]:
-        with place.filesystem.open_input_stream(place.path) as fh:
+        with place.filesystem.open_input_stream(info.path) as fh:
             while chunk := fh.read(CHUNK):
                 yield chunk
 

@@ -173,8 +173,11 @@ class JobService:
 
     def checkpoints(self, job_id: str, tenant: str) -> list[dict[str, Any]]:
         """The job's checkpoints, oldest first, each with its model id (`<job's id>:ckpt-<step>`)."""
-        model = model_id(self.store.get_job(job_id, tenant))
-        return [{**c, "model": checkpoint_model_id(model, c["step"])} for c in self.store.list_checkpoints(job_id)]
+        return self._checkpoints_of(self.store.get_job(job_id, tenant))
+
+    def _checkpoints_of(self, job: JobRecord) -> list[dict[str, Any]]:
+        model = model_id(job)
+        return [{**c, "model": checkpoint_model_id(model, c["step"])} for c in self.store.list_checkpoints(job.id)]
 
     def fine_tuned_models(self, tenant: str | None) -> list[JobRecord]:
         """The succeeded jobs of `tenant` (None: every tenant's), newest first: the models they
@@ -205,7 +208,7 @@ class JobService:
             if model != model_id(job) or job.status is not JobStatus.succeeded or not job.artifact_path:
                 raise ModelNotFound(model)
             return job, None
-        for checkpoint in self.checkpoints(job.id, tenant):
+        for checkpoint in self._checkpoints_of(job):
             if checkpoint["model"] == model and checkpoint["available"]:
                 return job, checkpoint
         raise ModelNotFound(model)
