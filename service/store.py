@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -38,9 +39,22 @@ def _aware(value: datetime | None) -> datetime | None:
     return value
 
 
+_last_id = [0, 0]  # (milliseconds, random part) of the last id this process made
+_id_lock = threading.Lock()
+
+
 def new_job_id() -> str:
-    """`ftjob-` + 12 hex digits of milliseconds + 8 random: sorts by creation time."""
-    return f"ftjob-{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
+    """`ftjob-` + 12 hex digits of milliseconds + 8 random: sorts by creation time. Ids one
+    process makes in the same millisecond (or after the clock stepped back) keep that
+    millisecond and count up from the last random part, as monotonic ULIDs do, so they sort
+    in the order they were made."""
+    with _id_lock:
+        ms, rand = int(time.time() * 1000), secrets.randbits(32)
+        last_ms, last_rand = _last_id
+        if ms <= last_ms:
+            ms, rand = (last_ms, last_rand + 1) if last_rand < 0xFFFFFFFF else (last_ms + 1, 0)
+        _last_id[:] = [ms, rand]
+    return f"ftjob-{ms:012x}{rand:08x}"
 
 
 @contextlib.contextmanager
