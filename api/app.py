@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from eft.api.deps import CurrentPrincipal, JobServiceDep, get_principal
 from eft.api.middleware import REQUEST_ID, RequestContext
 from eft.types.jobs import Caller, ErrorResponse, Health
-from eft.api.routes import artifacts, files, jobs, openai, plan
+from eft.api.routes import artifacts, completions, files, jobs, openai, plan
 from eft.api.routes import logs as logs_routes
 from eft.api.routes import manifest as manifest_routes
 from eft.api.routes import models as models_routes
@@ -53,6 +53,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "Body or upload too large"), (415, "Unsupported media type"),
         (422, "Invalid request: every problem listed in `errors`"),
         (429, "Over the tenant's quota; see Retry-After"),
+        (503, "Not available yet (a model server starting); see Retry-After"),
     ]
 }
 
@@ -125,8 +126,10 @@ def _install_error_handlers(app: FastAPI) -> None:
                       None, request)
 
 
-def create_app(job_service: JobService) -> FastAPI:
-    """The service's FastAPI application, serving `job_service`."""
+def create_app(job_service: JobService, models: Any = None) -> FastAPI:
+    """The service's FastAPI application, serving `job_service`; completions go to `models`
+    (api/inference.py:ServeModels, or service/inference.py:LocalModels in one process; None:
+    they answer 503)."""
     settings = job_service.settings
     app = FastAPI(
         title="eft: elastic fine-tuning on Ray",
@@ -134,6 +137,7 @@ def create_app(job_service: JobService) -> FastAPI:
         description="Fine-tune Hugging Face models with LoRA, QLoRA or full training on Ray Train.",
     )
     app.state.job_service = job_service
+    app.state.models = models
     app.state.keys = KeyStore(job_service.store.engine, settings.admin_api_key, settings.admin_tenant)
     app.state.files = job_service.files
     app.state.rate_limiter = TenantRateLimiter(settings.requests_per_s_per_tenant, settings.request_burst_per_tenant)
@@ -152,6 +156,7 @@ def create_app(job_service: JobService) -> FastAPI:
     app.include_router(files.router, prefix="/v1", max_body_size=upload_limit, include_in_schema=False)
     app.include_router(openai.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
     app.include_router(models_routes.router, responses=ERROR_RESPONSES)
+    app.include_router(completions.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
     app.include_router(logs_routes.router, responses=ERROR_RESPONSES)
     app.include_router(manifest_routes.router, responses=ERROR_RESPONSES)
     app.include_router(artifacts.router, responses=ERROR_RESPONSES)

@@ -15,6 +15,7 @@ import threading
 from ray import serve
 
 from eft.api.app import create_app
+from eft.api.inference import ModelServer, ServeModels
 from eft.service import credentials, isolation, jsonlog
 from eft.service.jobs import JobService
 from eft.service.launcher import RayJobsLauncher
@@ -36,11 +37,13 @@ def build_service(settings: Settings) -> tuple[JobService, Scheduler]:
 @serve.deployment(ray_actor_options={"num_cpus": 0}, health_check_period_s=10)
 @serve.ingress()
 class EftService:
-    def __init__(self) -> None:
+    def __init__(self, models: serve.handle.DeploymentHandle | None = None) -> None:
         jsonlog.configure()
         credentials.load()  # the secrets file EFT_SECRETS_FILE names, if any
         settings = get_settings()
         self.job_service, self.scheduler = build_service(settings)
+        self.models = None if models is None else ServeModels(
+            models, settings.inference_start_timeout_s, settings.inference_retry_after_s)
         isolation.warm()
         self._thread = threading.Thread(
             target=self.scheduler.run_forever, name="eft-scheduler", daemon=True
@@ -49,7 +52,7 @@ class EftService:
         log.info("eft service replica up; store %s", settings.resolved_database_url.split("@")[-1])
 
     def __serve_build_asgi_app__(self):  # noqa: ANN204 - Serve builds the app per replica
-        app = create_app(self.job_service)
+        app = create_app(self.job_service, self.models)
         # What the replica made to start (modules, the app, the store) lives as long as it does:
         # leave it out of every later garbage collection, which then looks at requests' objects
         # only (a full collection over the whole heap is a pause every request waits behind).
@@ -65,4 +68,4 @@ class EftService:
         self.scheduler.stop()
 
 
-app = EftService.bind()
+app = EftService.bind(ModelServer.bind())

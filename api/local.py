@@ -171,6 +171,7 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
     from ray import serve
 
     from eft.api.deployment import EftService
+    from eft.api.inference import ModelServer
     from eft.api.serve_config import application
 
     from eft.service import credentials
@@ -179,7 +180,7 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
     # Ray's dashboard API shows, carries only its path.
     home = Path(env.get("EFT_HOME") or get_settings().home)
     app = application(credentials.public_env(env, home), num_replicas)
-    (options,) = app["deployments"]
+    options, servers = app["deployments"]
     if port is not None:
         serve.start(http_options={"host": host, "port": port})
     deployment = EftService.options(
@@ -187,7 +188,12 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
         max_ongoing_requests=options["max_ongoing_requests"],
         ray_actor_options={**options["ray_actor_options"], "runtime_env": app["runtime_env"]},
     )
-    serve.run(deployment.bind(), name=app["name"], route_prefix=app["route_prefix"], blocking=False)
+    models = ModelServer.options(
+        max_ongoing_requests=servers["max_ongoing_requests"],
+        autoscaling_config=servers["autoscaling_config"],
+        ray_actor_options={**servers["ray_actor_options"], "runtime_env": app["runtime_env"]},
+    )
+    serve.run(deployment.bind(models.bind()), name=app["name"], route_prefix=app["route_prefix"], blocking=False)
 
 
 def up(port: int | None = None, num_cpus: int | None = None) -> dict[str, Any]:

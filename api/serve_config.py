@@ -39,7 +39,31 @@ def application(env: dict[str, str], num_replicas: int = 1) -> dict[str, Any]:
             # It runs on the head, beside the dashboard it submits jobs to (which need listen
             # on nothing but the head's loopback on a cluster-launcher cluster).
             "ray_actor_options": {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}},
-        }],
+        }, model_server(env)],
+    }
+
+
+MODEL_SERVER = "ModelServer"
+
+
+def model_server(env: dict[str, str]) -> dict[str, Any]:
+    """The model servers (api/inference.py): they scale with ongoing completions, down to zero
+    replicas after `EFT_INFERENCE_IDLE_S` idle seconds. Each takes `EFT_INFERENCE_CPUS` CPUs
+    and `EFT_INFERENCE_GPUS` GPUs (a GPU replica computes in bf16)."""
+    resources: dict[str, Any] = {"num_cpus": float(env.get("EFT_INFERENCE_CPUS", 1))}
+    if float(env.get("EFT_INFERENCE_GPUS", 0)):
+        resources["num_gpus"] = float(env["EFT_INFERENCE_GPUS"])
+    return {
+        "name": MODEL_SERVER,
+        "max_ongoing_requests": 32,
+        "autoscaling_config": {
+            "min_replicas": int(env.get("EFT_INFERENCE_MIN_REPLICAS", 0)),
+            "initial_replicas": int(env.get("EFT_INFERENCE_MIN_REPLICAS", 0)),
+            "max_replicas": int(env.get("EFT_INFERENCE_MAX_REPLICAS", 1)),
+            "target_ongoing_requests": 4,
+            "downscale_delay_s": float(env.get("EFT_INFERENCE_IDLE_S", 300)),
+        },
+        "ray_actor_options": resources,
     }
 
 

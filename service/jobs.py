@@ -26,6 +26,7 @@ from eft.service.auth import Principal
 from eft.service.errors import Conflict, JobNotFound, ModelNotFound
 from eft.service.file_checks import check_job_files
 from eft.service.files import FileStore
+from eft.service.inference import AdapterSource, BaseSource
 from eft.service.idempotency import Idempotency, request_digest
 from eft.service.model_ids import checkpoint_model_id, fine_tuned_model_id, parse_model_id
 from eft.service.launcher import Launcher, stop_quietly
@@ -33,7 +34,7 @@ from eft.service.progress import progress_fields
 from eft.service.quotas import check_quota, demand
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store
-from eft.service.validation import check_request
+from eft.service.validation import check_request, resolve_under_roots
 
 log = logging.getLogger("eft.jobs")
 
@@ -191,6 +192,26 @@ class JobService:
             if not has_more or not page:
                 return found
             after = page[-1].id
+
+    def serving_target(self, model: str, tenant: str | None) -> tuple[BaseSource, AdapterSource | None, str]:
+        """What a model server loads to answer with `model`: the base model, the adapter (None
+        for a base model itself), and how the job rendered a system message ("keep" or
+        "fold"). A base model is one under the allowed model roots; a fine-tuned one must be
+        this tenant's (ModelNotFound otherwise). Raises Conflict for a full fine-tuning job's
+        model, which is a whole model rather than an adapter."""
+        path = resolve_under_roots(model, self.settings.allowed_model_roots)
+        if path is not None and (path / "config.json").is_file() and not model.startswith("ft:"):
+            return BaseSource(str(path)), None, "keep"
+        job, checkpoint = self.resolve_model(model, tenant)
+        config = job.config or {}
+        if config.get("method", (job.request.get("method") or {}).get("type")) == "full":
+            raise Conflict(f"{model} was trained by full fine-tuning: it is a whole model, not an adapter "
+                           "on its base; download it (GET /jobs/{id}/artifacts) and serve it as a base model",
+                           code="model_not_servable", param="model")
+        base = BaseSource(config.get("model_path") or job.request["model"], config.get("hub"))
+        if checkpoint is None:
+            return base, AdapterSource(model, job.artifact_path or "", "artifact"), config.get("system_message", "keep")
+        return base, AdapterSource(model, checkpoint["path"], "checkpoint"), config.get("system_message", "keep")
 
     def resolve_model(self, model: str, tenant: str | None) -> tuple[JobRecord, dict[str, Any] | None]:
         """The job behind a fine-tuned model id, and the checkpoint it names (None: the model

@@ -172,6 +172,20 @@ class Settings(BaseSettings):
     max_file_bytes_per_tenant: int = Field(
         20 * 1024**3, ge=1, description="Bytes of uploads a tenant may keep (413 past it)."
     )
+    inference_start_timeout_s: float = Field(
+        120.0, gt=0, description="How long a completion request waits for a model server replica "
+        "(one starts when none runs: they scale to zero when idle) before it answers 503 with "
+        "Retry-After."
+    )
+    inference_retry_after_s: int = Field(10, ge=1, description="Retry-After of that 503.")
+    inference_max_adapters: int = Field(
+        8, ge=1, description="Fine-tuned adapters a model server replica keeps loaded per base "
+        "model; the least recently used one is dropped past it."
+    )
+    inference_default_max_tokens: int = Field(
+        512, ge=1, description="Tokens a completion generates when the request sets no max_tokens "
+        "(fewer when the context has less room)."
+    )
 
     @property
     def resolved_database_url(self) -> str:

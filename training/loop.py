@@ -280,6 +280,7 @@ class Recipe:
             trainable = checkpoint.save(directory, self.strategy, self.rank, self.step,
                                         self.world_size, reason, metrics)
             del trainable
+            self._save_adapter_config(directory)
             if self.rank == 0:
                 # Ray Train deletes the directory once it is persisted.
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(directory)),
@@ -296,9 +297,18 @@ class Recipe:
             if final and self.rank == 0:
                 self.strategy.module.save_pretrained(directory / "adapter", state_dict=trainable)
                 self.tokenizer.save_pretrained(directory / "adapter")
+            else:
+                self._save_adapter_config(directory)
             saved = ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None
             ray.train.report(metrics, checkpoint=saved)
         self.last_checkpoint_at = time.monotonic()
+
+    def _save_adapter_config(self, directory: Path) -> None:
+        """Rank 0 puts the adapter's config beside a LoRA checkpoint's weights (a few hundred
+        bytes): a model server loads the checkpoint from the two (service/inference.py)."""
+        config = getattr(self.strategy.module, "peft_config", {}).get("default")
+        if self.rank == 0 and config is not None:
+            config.save_pretrained(str(directory / "adapter"))
 
     def _wait_for_previous_report(self) -> None:
         """Wait until the Train controller has taken this worker's previous report. At most one

@@ -147,3 +147,135 @@ class Model(_Response):
 class ModelList(ListResponse):
     object: Literal["list"] = "list"
     data: list[Model]
+
+
+# -- Completions (`/v1/chat/completions`, `/v1/completions`) -------------------------------------
+
+class TextPart(_Request):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class StreamOptions(_Request):
+    include_usage: bool = Field(False, description="A last chunk carries the usage counts.")
+
+
+class _Sampling(_Request):
+    model: str = Field(description="A base model's name or a fine-tuned model's `ft:` id (see GET /v1/models).")
+    max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (default: the rest of "
+                                   "the context, at most the server's default).")
+    temperature: float = Field(1.0, ge=0, le=2, description="0 is greedy; higher samples more freely.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Sample from the smallest set of tokens whose "
+                         "probability reaches top_p.")
+    stop: str | list[str] | None = Field(None, description="Up to 4 strings that end the completion "
+                                         "(not included in it).")
+    seed: int | None = Field(None, description="Sample reproducibly: the same seed and request give the same text.")
+    stream: bool = Field(False, description="Send the completion as server-sent events, piece by piece.")
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="Completions per request: 1.")
+    user: str | None = Field(None, max_length=256)
+    presence_penalty: float = Field(0.0, ge=0, le=0, description="Only 0 is supported.")
+    frequency_penalty: float = Field(0.0, ge=0, le=0, description="Only 0 is supported.")
+
+    @model_validator(mode="after")
+    def _stops(self) -> _Sampling:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop: give at most 4 non-empty strings")
+        return self
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatCompletionCreate(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="The newer name of max_tokens.")
+
+
+class CompletionCreate(_Sampling):
+    prompt: str | list[str] = Field(description="The text to continue (a list of one string is accepted).")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionCreate:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise ValueError("prompt: give one prompt per request")
+        return self
+
+    def text(self) -> str:
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Response):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletion(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChunkDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Response):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(_Response):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class Completion(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None

@@ -1,0 +1,186 @@
+"""`/v1/chat/completions` and `/v1/completions`: OpenAI's request and response shapes, answered by
+the model servers (api/inference.py) from a base model or a fine-tuned model of the caller's
+tenant, `stream: true` as server-sent events ending with `data: [DONE]`.
+
+The model id is resolved here (a base model under the allowed model roots, or an `ft:` id of
+one of the tenant's jobs or of a kept checkpoint: 404 otherwise); the model server renders the
+prompt with the base model's chat template as training did. A refusal (a prompt longer than the
+context, messages the template cannot render) arrives before the first token, so it is an
+HTTP error in the envelope even for a streamed request.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from eft.api.deps import CurrentTenant, JobServiceDep
+from eft.service.errors import ServiceError
+from eft.service.inference import Request as Generation
+from eft.types.openai import (
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, ChunkChoice,
+    ChunkDelta, Completion, CompletionChoice, CompletionCreate, Usage,
+)
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+class InferenceUnavailable(ServiceError):
+    status_code = 503
+    type = "server_error"
+    code = "inference_unavailable"
+
+
+class GenerationRefused(ServiceError):
+    def __init__(self, error: dict[str, Any]):
+        super().__init__(error["message"], param=error.get("param"), code=error["code"])
+        self.status_code = int(error["status"])
+        if self.status_code >= 500:
+            self.type = "server_error"
+
+
+def _models(request: Request) -> Any:
+    models = getattr(request.app.state, "models", None)
+    if models is None:
+        raise InferenceUnavailable("this server runs no model servers: deploy the service with them "
+                                   "(eft up, or the Serve config under deploy/)", param="model")
+    return models
+
+
+async def _open(request: Request, service: Any, tenant: str | None, model: str,
+                generation: Generation) -> AsyncIterator[dict[str, Any]]:
+    """The model server's items for this request, its first one already read: a refusal raises
+    here, before any response starts."""
+    base, adapter, system_message = await run_in_threadpool(service.serving_target, model, tenant)
+    generation.system_message = system_message
+    items = _models(request).stream(base, adapter, generation).__aiter__()
+    try:
+        first = await items.__anext__()
+    except StopAsyncIteration:
+        first = {"error": {"status": 500, "code": "generation_failed", "param": None,
+                           "message": "the model server ended the request without an answer; retry"}}
+    if "error" in first:
+        await items.aclose()
+        raise GenerationRefused(first["error"])
+
+    async def chained() -> AsyncIterator[dict[str, Any]]:
+        try:
+            yield first
+            async for item in items:
+                if "error" in item:
+                    raise GenerationRefused(item["error"])
+                yield item
+        finally:
+            await items.aclose()
+
+    return chained()
+
+
+def _sse(payload: Any) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def _stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _collect(items: AsyncIterator[dict[str, Any]]) -> tuple[str, str, Usage]:
+    text, reason, usage = [], "stop", None
+    async for item in items:
+        if "text" in item:
+            text.append(item["text"])
+        else:
+            reason, usage = item["finish_reason"], Usage(**item["usage"])
+    assert usage is not None
+    return "".join(text), reason, usage
+
+
+async def _stream_failure(exc: Exception) -> str:
+    # A failure after the stream started: the status line is sent, so the error goes as an event.
+    return _sse({"error": {"type": "server_error", "code": getattr(exc, "code", "generation_failed"),
+                           "message": str(exc), "param": None}})
+
+
+@router.post("/chat/completions", response_model=ChatCompletion,
+             responses={200: {"content": {"text/event-stream": {}},
+                              "description": "The completion, or with stream=true its chunks as server-sent events"}})
+async def chat_completions(body: ChatCompletionCreate, request: Request, service: JobServiceDep,
+                           tenant: CurrentTenant) -> Any:
+    """A reply to `messages` from a base model or a fine-tuned model (`ft:` id, or a checkpoint's
+    `...:ckpt-<step>`) of this key's tenant, in the base model's chat template."""
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    generation = Generation(messages=messages, max_tokens=body.max_completion_tokens or body.max_tokens,
+                            temperature=body.temperature, top_p=body.top_p, stop=body.stops(), seed=body.seed)
+    items = await _open(request, service, tenant, body.model, generation)
+    ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+    if not body.stream:
+        text, reason, usage = await _collect(items)
+        return ChatCompletion(id=ident, created=created, model=body.model, usage=usage, choices=[
+            ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)])
+
+    def chunk(delta: ChunkDelta, reason: str | None = None, usage: Usage | None = None, choices: bool = True) -> str:
+        return _sse(ChatCompletionChunk(
+            id=ident, created=created, model=body.model, usage=usage,
+            choices=[ChunkChoice(delta=delta, finish_reason=reason)] if choices else []).model_dump(mode="json"))
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def events() -> AsyncIterator[str]:
+        yield chunk(ChunkDelta(role="assistant", content=""))
+        try:
+            async for item in items:
+                if "text" in item:
+                    yield chunk(ChunkDelta(content=item["text"]))
+                else:
+                    yield chunk(ChunkDelta(), reason=item["finish_reason"])
+                    if include_usage:
+                        yield chunk(ChunkDelta(), usage=Usage(**item["usage"]), choices=False)
+        except ServiceError as exc:
+            yield await _stream_failure(exc)
+        yield _sse("[DONE]")
+
+    return _stream(events())
+
+
+@router.post("/completions", response_model=Completion,
+             responses={200: {"content": {"text/event-stream": {}},
+                              "description": "The completion, or with stream=true its chunks as server-sent events"}})
+async def completions(body: CompletionCreate, request: Request, service: JobServiceDep,
+                      tenant: CurrentTenant) -> Any:
+    """A continuation of `prompt` (no chat template) from a base or fine-tuned model."""
+    generation = Generation(prompt=body.text(), max_tokens=body.max_tokens, temperature=body.temperature,
+                            top_p=body.top_p, stop=body.stops(), seed=body.seed)
+    items = await _open(request, service, tenant, body.model, generation)
+    ident, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
+    if not body.stream:
+        text, reason, usage = await _collect(items)
+        return Completion(id=ident, created=created, model=body.model, usage=usage,
+                          choices=[CompletionChoice(text=text, finish_reason=reason)])
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(text: str, reason: str | None = None, usage: Usage | None = None, choices: bool = True) -> str:
+        return _sse(Completion(id=ident, created=created, model=body.model, usage=usage,
+                               choices=[CompletionChoice(text=text, finish_reason=reason)] if choices else []
+                               ).model_dump(mode="json"))
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for item in items:
+                if "text" in item:
+                    yield chunk(item["text"])
+                else:
+                    yield chunk("", reason=item["finish_reason"])
+                    if include_usage:
+                        yield chunk("", usage=Usage(**item["usage"]), choices=False)
+        except ServiceError as exc:
+            yield await _stream_failure(exc)
+        yield _sse("[DONE]")
+
+    return _stream(events())

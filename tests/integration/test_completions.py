@@ -1,0 +1,220 @@
+"""`/v1/chat/completions` and `/v1/completions` over the real app, store and engine (the model
+servers' code run in-process; through Ray Serve with a trained job in tests/e2e/test_openai_compat.py),
+with the official `openai` package. Adapters are real PEFT adapters of a bundled model and of a
+real family (Qwen 3 with its own chat template); every answer is checked against plain
+transformers + PEFT generating from the same files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from eft.api.app import create_app
+from eft.service.auth import KeyStore
+from eft.service.inference import LocalModels
+from eft.service.jobs import JobService
+from eft.service.launcher import RayJobsLauncher
+from eft.service.settings import BUNDLED_ASSETS, get_settings
+from eft.service.store import Store
+from eft.types.jobs import JobStatus
+
+pytestmark = pytest.mark.integration
+MODELS = BUNDLED_ASSETS / "models"
+QUESTION = [{"role": "user", "content": "Which colour is the sky?"}]
+
+
+def _adapter(base: str, where, seed: int):
+    """A real LoRA adapter of `base` whose weights are not the identity (B is random too), as
+    published by a job, and the same adapter as a checkpoint in the training loop's layout
+    (trainable weights by parameter name, the adapter's config beside them), scaled."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from eft.training.model import trainable_state
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(MODELS / base)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj"],
+                                            init_lora_weights=False))
+    peft.save_pretrained(where / "published")
+    state = {k: v * 0.5 for k, v in trainable_state(peft).items()}
+    (where / "ckpt").mkdir()
+    save_file(state, str(where / "ckpt" / "trainable.safetensors"))
+    peft.peft_config["default"].save_pretrained(str(where / "ckpt" / "adapter"))
+    return where / "published", where / "ckpt", state
+
+
+def _reference(base: str, adapter, messages=None, prompt=None, max_new_tokens=16, state=None) -> str:
+    """What plain transformers (+ PEFT) answer greedily: the text the service must give."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MODELS / base)
+    model = AutoModelForCausalLM.from_pretrained(MODELS / base)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter))
+        if state is not None:
+            params = dict(model.named_parameters())
+            with torch.no_grad():
+                for name, value in state.items():
+                    params[name].copy_(value)
+    if messages is not None:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    else:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                         pad_token_id=tokenizer.eos_token_id)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def _succeed(store, job_id, base, artifact, checkpoint):
+    store.transition(job_id, JobStatus.queued, "validated",
+                     config={"model_path": str(MODELS / base), "method": "lora", "system_message": "keep"})
+    store.transition(job_id, JobStatus.running, "dispatched", attempt=1)
+    store.record_checkpoint(job_id, 1, 3, str(checkpoint), {"loss": 1.5}, reason="interval")
+    store.transition(job_id, JobStatus.succeeded, "done", artifact_path=str(artifact))
+
+
+@pytest.fixture
+def env(eft_home, tmp_path):
+    settings = get_settings()
+    store = Store(settings.resolved_database_url)
+    models = LocalModels(tmp_path / "cache", max_adapters=1)
+    app = create_app(JobService(store, RayJobsLauncher(settings), settings), models)
+    keys = KeyStore(store.engine)
+    keys_of = {t: keys.create(t, "user", name="t")[1] for t in ("acme", "globex")}
+    clients = {t: TestClient(app, headers={"Authorization": f"Bearer {k}"}) for t, k in keys_of.items()}
+    turns = [*QUESTION, {"role": "assistant", "content": "Blue."}]
+    (eft_home / "data" / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    with clients["acme"], clients["globex"]:
+        yield clients, store, models, tmp_path
+    store.close()
+
+
+def _openai(client):
+    from openai import OpenAI
+
+    key = client.headers["Authorization"].removeprefix("Bearer ")
+    return OpenAI(base_url="http://testserver/v1", api_key=key, http_client=client, max_retries=0)
+
+
+def _job(client, store, base, where, seed, name):
+    job = client.post("/jobs", json={"model": base, "training_file": "chat.jsonl", "name": name}).json()
+    where.mkdir()
+    artifact, checkpoint, state = _adapter(base, where, seed)
+    _succeed(store, job["id"], base, artifact, checkpoint)
+    return client.get(f"/jobs/{job['id']}").json(), artifact, state
+
+
+def test_chat_with_base_fine_tuned_and_checkpoint_models_as_plain_peft_answers(env):
+    from openai import NotFoundError
+
+    clients, store, models, tmp = env
+    acme = _openai(clients["acme"])
+    job, artifact, state = _job(clients["acme"], store, "tiny-qwen3", tmp / "q", 1, "bot")
+    model = job["fine_tuned_model"]
+    assert model in {m.id for m in acme.models.list()}
+    checkpoint_model = clients["acme"].get(f"/jobs/{job['id']}/checkpoints").json()["data"][0]["model"]
+
+    tuned = acme.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, temperature=0)
+    base = acme.chat.completions.create(model="tiny-qwen3", messages=QUESTION, max_tokens=16, temperature=0)
+    ckpt = acme.chat.completions.create(model=checkpoint_model, messages=QUESTION, max_tokens=16, temperature=0)
+    assert tuned.object == "chat.completion" and tuned.model == model
+    assert tuned.choices[0].message.role == "assistant"
+    # Each is exactly what plain transformers + PEFT say from the same files (the random
+    # tiny model never emits its end-of-turn token within 16 tokens, so all run to the limit).
+    assert tuned.choices[0].message.content == _reference("tiny-qwen3", artifact, QUESTION)
+    assert base.choices[0].message.content == _reference("tiny-qwen3", None, QUESTION)
+    assert ckpt.choices[0].message.content == _reference("tiny-qwen3", artifact, QUESTION, state=state)
+    assert len({tuned.choices[0].message.content, base.choices[0].message.content,
+                ckpt.choices[0].message.content}) == 3
+    assert tuned.choices[0].finish_reason == "length"
+    assert tuned.usage.completion_tokens == 16 and tuned.usage.total_tokens == tuned.usage.prompt_tokens + 16
+    # One adapter per base model at a time here (max_adapters=1): the checkpoint replaced the
+    # published adapter, which is loaded again on its next use.
+    engine = models.engines[str(MODELS / "tiny-qwen3")]
+    assert engine.loaded() == [checkpoint_model]
+    again = acme.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, temperature=0)
+    assert again.choices[0].message.content == tuned.choices[0].message.content
+    assert engine.loaded() == [model]
+
+    # Streamed: the same text in pieces, a finish reason, then the usage chunk.
+    chunks = list(acme.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, temperature=0,
+                                               stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == tuned.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+
+    # Another tenant's model is not found, as an unknown one is.
+    globex = _openai(clients["globex"])
+    for other in (model, checkpoint_model, model.replace("ftjob-", "ftjob-0")):
+        with pytest.raises(NotFoundError) as err:
+            globex.chat.completions.create(model=other, messages=QUESTION)
+        assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
+
+
+def test_stop_strings_seeds_text_completions_and_refusals(env):
+    from openai import BadRequestError, UnprocessableEntityError
+
+    clients, store, models, tmp = env
+    acme = _openai(clients["acme"])
+    job, artifact, _ = _job(clients["acme"], store, "tiny-llama", tmp / "l", 2, None)
+    model = job["fine_tuned_model"]
+    reference = _reference("tiny-llama", artifact, prompt="The cat", max_new_tokens=24)
+    words = reference.split()
+    assert len(words) >= 3, reference
+    stop = words[2]
+    cut = acme.completions.create(model=model, prompt="The cat", max_tokens=24, temperature=0, stop=[stop, "\x00"])
+    assert cut.object == "text_completion"
+    assert cut.choices[0].text == reference[:reference.index(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = list(acme.completions.create(model=model, prompt="The cat", max_tokens=24, temperature=0,
+                                            stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == cut.choices[0].text
+
+    sampled = [acme.completions.create(model=model, prompt="The cat", max_tokens=12, seed=s, temperature=1.5).choices[0].text
+               for s in (5, 5, 6)]
+    assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
+
+    # A prompt longer than the context: 400 naming the limit, streamed or not.
+    context = json.loads((MODELS / "tiny-llama" / "config.json").read_text())["max_position_embeddings"]
+    long_prompt = "cat " * (context + 10)
+    for stream in (False, True):
+        with pytest.raises(BadRequestError) as err:
+            acme.completions.create(model=model, prompt=long_prompt, max_tokens=8, stream=stream)
+        body = err.value.body
+        assert body["code"] == "context_length_exceeded" and body["param"] == "prompt"
+        assert f"maximum context length is {context} tokens" in body["message"]
+    with pytest.raises(BadRequestError) as err:
+        acme.chat.completions.create(model="tiny-llama", messages=QUESTION, max_tokens=context)
+    assert err.value.body["param"] == "messages"
+    # Parameters the service does not take: 422 naming each.
+    for extra, param in (({"n": 2}, "n"), ({"temperature": 2.5}, "temperature"), ({"stop": ["a"] * 5}, "stop")):
+        with pytest.raises(UnprocessableEntityError) as err:
+            acme.chat.completions.create(model=model, messages=QUESTION, **extra)
+        assert param in json.dumps(err.value.body)
+
+
+def test_gemma_refuses_a_system_turn_and_a_server_without_model_servers_says_so(env, eft_home):
+    from openai import BadRequestError
+
+    clients, store, _, _ = env
+    acme = _openai(clients["acme"])
+    with pytest.raises(BadRequestError) as err:
+        acme.chat.completions.create(model="tiny-gemma-2", messages=[{"role": "system", "content": "Be terse."}, *QUESTION],
+                                     max_tokens=4)
+    assert err.value.body["param"] == "messages" and "system" in err.value.body["message"].lower()
+
+    settings = get_settings()
+    bare = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    key = clients["acme"].headers["Authorization"]
+    with TestClient(bare, headers={"Authorization": key}) as client:
+        response = client.post("/v1/chat/completions", json={"model": "tiny-llama", "messages": QUESTION})
+    assert response.status_code == 503 and response.json()["error"]["code"] == "inference_unavailable"
