@@ -24,9 +24,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import re
 import shutil
 import threading
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,34 +118,41 @@ def first_stop(text: str, stops: list[str], start: int = 0) -> int | None:
     return min(found) if found else None
 
 
-def _fetch(location: str, local: Path, only: tuple[str, ...] | None) -> Path:
-    """A local directory holding the files at `location` (all of them, or `only`): the
-    location itself when it is on this machine's disk, else a copy under `local`."""
+def _fetch(location: str, local: Path, only: tuple[str, ...] | None) -> tuple[Path, bool]:
+    """A local directory holding the files at `location` (all of them, or `only`), and whether
+    it is a copy under `local`. A published artifact on this machine's disk is read where it
+    is; a checkpoint (`only`) is always copied first, since the job may prune it while it loads.
+    Raises FileNotFoundError when the location holds none of the files."""
     import pyarrow.fs as pafs
 
     from eft.training import storage
 
     place = storage.resolve(location)
-    if isinstance(place.filesystem, pafs.LocalFileSystem):
-        return Path(place.path)
+    if only is None and isinstance(place.filesystem, pafs.LocalFileSystem):
+        return Path(place.path), False
     target = local / hashlib.sha256(place.uri.encode()).hexdigest()[:24]
     if target.is_dir():
-        return target
-    staging = target.with_name(target.name + ".part")
+        return target, True
+    staging = target.with_name(f"{target.name}.{threading.get_ident()}.part")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    if only is None:
-        pafs.copy_files(place.path, str(staging), source_filesystem=place.filesystem,
-                        destination_filesystem=pafs.LocalFileSystem())
-    else:
-        for name in only:
-            info = place.filesystem.get_file_info(place.child(name).path)
-            if info.type == pafs.FileType.File:
-                (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                pafs.copy_files(info.path, str(staging / name), source_filesystem=place.filesystem,
-                                destination_filesystem=pafs.LocalFileSystem())
-    staging.rename(target)
-    return target
+    try:
+        if only is None:
+            pafs.copy_files(place.path, str(staging), source_filesystem=place.filesystem,
+                            destination_filesystem=pafs.LocalFileSystem())
+        else:
+            for name in only:
+                info = place.filesystem.get_file_info(place.child(name).path)
+                if info.type == pafs.FileType.File:
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    pafs.copy_files(info.path, str(staging / name), source_filesystem=place.filesystem,
+                                    destination_filesystem=pafs.LocalFileSystem())
+        if not any(staging.iterdir()):
+            raise FileNotFoundError(location)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, True
 
 
 def _hub_path(hub: dict[str, Any]) -> str:
@@ -165,7 +174,9 @@ class Engine:
 
         from eft.training.chat import _end_of_turn, has_chat_template
 
-        self.base, self.cache_dir, self.max_adapters = base, Path(cache_dir), max(1, max_adapters)
+        # A folder of this engine's own: the copies in it are deleted with the adapters.
+        self.cache_dir = Path(cache_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.base, self.max_adapters = base, max(1, max_adapters)
         path = _hub_path(base.hub) if base.hub else base.path
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
@@ -189,17 +200,36 @@ class Engine:
         self.peft: Any = None
         self.adapters: OrderedDict[str, str] = OrderedDict()  # model id -> PEFT adapter name
         self._names = 0
+        self.copies: dict[str, Path] = {}  # adapter name -> its files copied under cache_dir
         self.lock = threading.Lock()
         log.info("loaded %s on %s (%s, context %d)", base.key, self.device, dtype, self.context)
 
     # -- adapters ---------------------------------------------------------------------------
     def _load_adapter(self, adapter: AdapterSource) -> str:
-        from peft import LoraConfig, PeftModel
-
         self._names += 1
         name = f"a{self._names}"
+        try:
+            directory, copied = _fetch(adapter.location, self.cache_dir,
+                                       CHECKPOINT_FILES if adapter.kind == "checkpoint" else None)
+        except FileNotFoundError:
+            raise InferenceError(404, "model_not_found", f"the files of {adapter.model} are gone (a checkpoint the "
+                                 "job pruned since): list the kept ones with GET /jobs/{id}/checkpoints",
+                                 "model") from None
+        try:
+            self._load_files(adapter, name, directory)
+        except BaseException:
+            if copied:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
+        if copied:
+            self.copies[name] = directory
+        self.peft.to(self.device).eval()
+        return name
+
+    def _load_files(self, adapter: AdapterSource, name: str, directory: Path) -> None:
+        from peft import LoraConfig, PeftModel
+
         if adapter.kind == "checkpoint":
-            directory = _fetch(adapter.location, self.cache_dir, CHECKPOINT_FILES)
             if not (directory / CHECKPOINT_FILES[1]).is_file():
                 raise InferenceError(409, "checkpoint_not_servable",
                                      f"checkpoint {adapter.model} holds no adapter config (it was written by an "
@@ -212,7 +242,6 @@ class Engine:
                 self.peft.add_adapter(name, config)
             self._load_trainable(directory / CHECKPOINT_FILES[0], name)
         else:
-            directory = _fetch(adapter.location, self.cache_dir, None)
             if not (directory / "adapter_config.json").is_file():
                 raise InferenceError(409, "model_not_servable",
                                      f"{adapter.model} is not a LoRA adapter (a full fine-tuning job's model): "
@@ -221,8 +250,6 @@ class Engine:
                 self.peft = PeftModel.from_pretrained(self.model, str(directory), adapter_name=name)
             else:
                 self.peft.load_adapter(str(directory), adapter_name=name)
-        self.peft.to(self.device).eval()
-        return name
 
     def _load_trainable(self, path: Path, name: str) -> None:
         import torch
@@ -252,11 +279,16 @@ class Engine:
             while len(self.adapters) > self.max_adapters:
                 _, old = self.adapters.popitem(last=False)
                 self.peft.delete_adapter(old)
+                if old in self.copies:
+                    shutil.rmtree(self.copies.pop(old), ignore_errors=True)
                 log.info("dropped adapter %s from %s (least recently used)", old, self.base.key)
         self.peft.set_adapter(self.adapters[adapter.model])
 
     def loaded(self) -> list[str]:
         return list(self.adapters)
+
+    def __del__(self) -> None:  # Serve calls it when it drops the base model from a replica
+        shutil.rmtree(getattr(self, "cache_dir", ""), ignore_errors=True)
 
     # -- requests ---------------------------------------------------------------------------
     def prompt_ids(self, request: Request) -> list[int]:

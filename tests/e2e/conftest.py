@@ -116,6 +116,10 @@ def service(ray_cluster, tmp_path_factory):
         "EFT_MAX_RUNNING_JOBS_PER_TENANT": "4",
         # The custom resource the spot-node tests label their nodes with.
         "EFT_ALLOWED_WORKER_RESOURCES": '["eft_test_spot"]',
+        # The model servers take no CPU of the cluster's (training tests count them) and
+        # scale back to zero soon after the tests that chat with them.
+        "EFT_INFERENCE_CPUS": "0",
+        "EFT_INFERENCE_IDLE_S": "20",
         # The tests call as the deployment's bootstrap admin (tenant "default").
         "EFT_ADMIN_API_KEY": use_admin_key(),
     }

@@ -5,6 +5,7 @@ fails validation with a user error."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -116,21 +117,41 @@ def test_minimal_request_as_in_the_readme(service):
     assert (Path(done["artifact_path"]) / "adapter_model.safetensors").is_file()
 
 
-def test_cancel_stops_the_ray_job_and_its_workers(service):
-    """Cancelling kills the attempt's Ray Job: its workers and controller end, and its
-    placement group goes with the job (no detached cleaner is needed for that)."""
+def test_cancel_stops_the_ray_job_and_its_workers(service, tmp_path):
+    """A running job's checkpoint answers chat through the model servers before the job ends.
+    Cancelling kills the attempt's Ray Job: its workers and controller end, and its placement
+    group goes with the job (no detached cleaner is needed for that)."""
+    from openai import OpenAI
     from ray.job_submission import JobSubmissionClient
     from ray.util.state import list_actors, list_placement_groups
+
+    from eft.service.settings import BUNDLED_ASSETS
+    from eft.training.checkpoint import load_trainable
+    from tests.conftest import reference_reply
+    from tests.e2e.conftest import ADMIN_KEY
 
     url = service["url"]
     # Under DeepSpeed ZeRO-2, so the service path runs a sharded strategy too.
     body = {**LORA_JOB, "hyperparameters": {**LORA_JOB["hyperparameters"], "max_steps": 100000},
-            "name": "e2e-cancel", "strategy": "zero2"}
+            "name": "e2e-cancel", "strategy": "zero2", "checkpoint": {"every_steps": 5, "keep": 20}}
     job = _post(url, body)
     deadline = time.monotonic() + 300
-    while not as_json(client(url).jobs.metrics(job["id"]))["data"]:
-        assert time.monotonic() < deadline, "the job never reported a step"
+    while not (kept := [c for c in as_json(client(url).jobs.checkpoints(job["id"]))["data"] if c["available"]]):
+        assert time.monotonic() < deadline, "the job never kept a checkpoint"
         time.sleep(0.5)
+    checkpoint = kept[-1]
+    shutil.copytree(checkpoint["path"], tmp_path / "checkpoint")
+    openai = OpenAI(base_url=f"{url}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=300)
+    question = [{"role": "user", "content": "What is the first word of: frog fox high king"}]
+    reply = openai.chat.completions.create(model=checkpoint["model"], messages=question, max_tokens=12,
+                                           temperature=0)
+    assert as_json(client(url).jobs.retrieve(job["id"]))["status"] == "running"
+    # What plain PEFT answers from the checkpoint's weights (gathered from ZeRO-2's shards).
+    state = load_trainable(tmp_path / "checkpoint")
+    assert reply.choices[0].message.content == reference_reply(
+        BUNDLED_ASSETS / "models" / "tiny-llama", tmp_path / "checkpoint" / "adapter", question,
+        max_new_tokens=12, state=state)
+    assert reply.usage.completion_tokens <= 12 and reply.model == checkpoint["model"]
     assert client(url).jobs.cancel(job["id"]).status.value in ("cancelling", "cancelled")
     started = time.monotonic()
     done = wait_for(job["id"], url, {"cancelled"}, timeout_s=120)

@@ -102,5 +102,27 @@ def test_the_openai_client_runs_a_fine_tuning_job(service, tmp_path):
     with pytest.raises(NotFoundError):
         other.models.retrieve(job.fine_tuned_model)
 
+    # Chat with it at once, through the model servers (Ray Serve): the fine-tuned model answers
+    # as plain PEFT does from its downloaded adapter, streamed or not; another tenant gets 404.
+    from tests.conftest import reference_reply
+
+    prompt = json.loads(lines[0])["messages"][:1]
+    started = time.monotonic()
+    stream = client.chat.completions.create(model=job.fine_tuned_model, messages=prompt, max_tokens=16,
+                                            temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = []
+    for chunk in stream:
+        chunks.append((time.monotonic() - started, chunk))
+    streamed = "".join(c.choices[0].delta.content or "" for _, c in chunks if c.choices)
+    first_token_s = next(t for t, c in chunks if c.choices and c.choices[0].delta.content)
+    print(f"job succeeded -> first chat token: {first_token_s:.1f} s (model server started from zero)")
+    whole = client.chat.completions.create(model=job.fine_tuned_model, messages=prompt, max_tokens=16, temperature=0)
+    assert whole.choices[0].message.content == streamed == reference_reply(
+        BUNDLED_ASSETS / "models" / "tiny-llama", tmp_path / "adapter", prompt)
+    assert chunks[-1][1].usage.total_tokens == whole.usage.total_tokens
+    with pytest.raises(NotFoundError) as missing:
+        other.chat.completions.create(model=job.fine_tuned_model, messages=prompt)
+    assert missing.value.body["code"] == "model_not_found"
+
     with pytest.raises(NotFoundError):
         client.fine_tuning.jobs.retrieve("ftjob-doesnotexist")

@@ -7,6 +7,7 @@ transformers + PEFT generating from the same files."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,6 +20,7 @@ from eft.service.launcher import RayJobsLauncher
 from eft.service.settings import BUNDLED_ASSETS, get_settings
 from eft.service.store import Store
 from eft.types.jobs import JobStatus
+from tests.conftest import reference_reply
 
 pytestmark = pytest.mark.integration
 MODELS = BUNDLED_ASSETS / "models"
@@ -46,31 +48,6 @@ def _adapter(base: str, where, seed: int):
     save_file(state, str(where / "ckpt" / "trainable.safetensors"))
     peft.peft_config["default"].save_pretrained(str(where / "ckpt" / "adapter"))
     return where / "published", where / "ckpt", state
-
-
-def _reference(base: str, adapter, messages=None, prompt=None, max_new_tokens=16, state=None) -> str:
-    """What plain transformers (+ PEFT) answer greedily: the text the service must give."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(MODELS / base)
-    model = AutoModelForCausalLM.from_pretrained(MODELS / base)
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, str(adapter))
-        if state is not None:
-            params = dict(model.named_parameters())
-            with torch.no_grad():
-                for name, value in state.items():
-                    params[name].copy_(value)
-    if messages is not None:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    else:
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
 def _succeed(store, job_id, base, artifact, checkpoint):
@@ -129,9 +106,9 @@ def test_chat_with_base_fine_tuned_and_checkpoint_models_as_plain_peft_answers(e
     assert tuned.choices[0].message.role == "assistant"
     # Each is exactly what plain transformers + PEFT say from the same files (the random
     # tiny model never emits its end-of-turn token within 16 tokens, so all run to the limit).
-    assert tuned.choices[0].message.content == _reference("tiny-qwen3", artifact, QUESTION)
-    assert base.choices[0].message.content == _reference("tiny-qwen3", None, QUESTION)
-    assert ckpt.choices[0].message.content == _reference("tiny-qwen3", artifact, QUESTION, state=state)
+    assert tuned.choices[0].message.content == reference_reply(MODELS / "tiny-qwen3", artifact, QUESTION)
+    assert base.choices[0].message.content == reference_reply(MODELS / "tiny-qwen3", None, QUESTION)
+    assert ckpt.choices[0].message.content == reference_reply(MODELS / "tiny-qwen3", artifact, QUESTION, state=state)
     assert len({tuned.choices[0].message.content, base.choices[0].message.content,
                 ckpt.choices[0].message.content}) == 3
     assert tuned.choices[0].finish_reason == "length"
@@ -143,6 +120,12 @@ def test_chat_with_base_fine_tuned_and_checkpoint_models_as_plain_peft_answers(e
     again = acme.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, temperature=0)
     assert again.choices[0].message.content == tuned.choices[0].message.content
     assert engine.loaded() == [model]
+
+    # A checkpoint whose files are gone (pruned since): 404.
+    shutil.rmtree(tmp / "q" / "ckpt")
+    with pytest.raises(NotFoundError) as gone:
+        acme.chat.completions.create(model=checkpoint_model, messages=QUESTION, max_tokens=4)
+    assert gone.value.body["code"] == "model_not_found"
 
     # Streamed: the same text in pieces, a finish reason, then the usage chunk.
     chunks = list(acme.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, temperature=0,
@@ -168,7 +151,7 @@ def test_stop_strings_seeds_text_completions_and_refusals(env):
     acme = _openai(clients["acme"])
     job, artifact, _ = _job(clients["acme"], store, "tiny-llama", tmp / "l", 2, None)
     model = job["fine_tuned_model"]
-    reference = _reference("tiny-llama", artifact, prompt="The cat", max_new_tokens=24)
+    reference = reference_reply(MODELS / "tiny-llama", artifact, prompt="The cat", max_new_tokens=24)
     words = reference.split()
     assert len(words) >= 3, reference
     stop = words[2]
