@@ -88,6 +88,8 @@ class Request:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     system_message: str = "keep"
+    #: Generate exactly max_tokens, past any end of sequence (benchmarks, as vLLM's ignore_eos).
+    ignore_eos: bool = False
 
 
 def context_length(config: Any, tokenizer: Any) -> int:
@@ -352,7 +354,7 @@ class Engine:
         kwargs: dict[str, Any] = dict(
             input_ids=torch.tensor([ids], device=self.device),
             attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=self.device),
-            max_new_tokens=max_tokens, min_new_tokens=0, do_sample=sampling,
+            max_new_tokens=max_tokens, min_new_tokens=max_tokens if request.ignore_eos else 0, do_sample=sampling,
             eos_token_id=sorted(self.stop_ids), pad_token_id=self.pad_id, streamer=streamer,
             stopping_criteria=StoppingCriteriaList([_Cancelled()]),
         )
