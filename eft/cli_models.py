@@ -48,13 +48,35 @@ def jobs_download(ctx: typer.Context, job_id: JobId,
                   output: Annotated[Path, typer.Option("--output", "-o", help="Directory to write the files under.")],
                   checkpoint: Annotated[int | None, typer.Option(min=0, help="A kept checkpoint's step instead of "
                                                                  "the published artifact.")] = None,
+                  merged: Annotated[bool, typer.Option("--merged", help="The merged model (base + adapter), "
+                                                       "exported first if it is not yet.")] = False,
                   as_json: AsJson = False) -> None:
-    """Download a job's artifact (or a checkpoint), each file checked against its SHA-256:
-    `eft jobs download ftjob-... -o ./adapter [--checkpoint 40]`."""
-    paths = _client(ctx).jobs.download(job_id, output, checkpoint=checkpoint)
+    """Download a job's artifact (or a checkpoint, or the merged model), each file checked
+    against its SHA-256: `eft jobs download ftjob-... -o ./adapter [--checkpoint 40 | --merged]`."""
+    client = _client(ctx)
+    if merged:
+        export = client.jobs.wait_export(job_id)
+        if export.status != "succeeded":
+            raise typer.BadParameter(f"the merged export failed: {export.error}", param_hint="--merged")
+    paths = client.jobs.download(job_id, output, checkpoint=checkpoint, merged=merged)
     if as_json:
-        return _emit_json({"job_id": job_id, "checkpoint": checkpoint, "files": [str(p) for p in paths]})
+        return _emit_json({"job_id": job_id, "checkpoint": checkpoint, "merged": merged,
+                           "files": [str(p) for p in paths]})
     out.print(_table("file", "bytes", rows=[(str(p), p.stat().st_size) for p in paths]))
 
 
+def jobs_export(ctx: typer.Context, job_id: JobId,
+                wait: Annotated[bool, typer.Option("--wait", help="Wait until it is written.")] = False,
+                as_json: AsJson = False) -> None:
+    """Export a succeeded job's model merged into its base (safetensors, the base's dtype):
+    `eft jobs export ftjob-... --wait`, then `eft jobs download ftjob-... --merged -o DIR`."""
+    client = _client(ctx)
+    export = client.jobs.wait_export(job_id) if wait else client.jobs.export(job_id)
+    if as_json:
+        return _emit_json(export)
+    out.print(_table("", "", rows=[("export", export.id), ("status", export.status), ("path", export.path),
+                                   ("error", export.error or "")]))
+
+
 COMMANDS["jobs download"] = jobs_download
+COMMANDS["jobs export"] = jobs_export

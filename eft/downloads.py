@@ -27,16 +27,19 @@ def _target(dest: Path, entry: ArtifactFile) -> Path:
     return dest.joinpath(*parts)
 
 
-def _params(checkpoint: int | None) -> dict[str, int]:
-    return {} if checkpoint is None else {"checkpoint": checkpoint}
+def _params(checkpoint: int | None, export: str | None = None) -> dict[str, int | str]:
+    params: dict[str, int | str] = {} if checkpoint is None else {"checkpoint": checkpoint}
+    if export is not None:
+        params["export"] = export
+    return params
 
 
 def _file_requests(client: Client | AsyncClient, job_id: str, listing: ArtifactFileList,
-                   checkpoint: int | None) -> Iterator[tuple[ArtifactFile, dict[str, Any]]]:
+                   checkpoint: int | None, export: str | None = None) -> Iterator[tuple[ArtifactFile, dict[str, Any]]]:
     """Each listed file with the keyword arguments of the streamed GET that fetches it."""
     for entry in listing.data:
         kwargs = client._request_kwargs("GET", f"/jobs/{job_id}/artifacts/{quote(entry.path)}", None,
-                                        _params(checkpoint), None)
+                                        _params(checkpoint, export), None)
         kwargs["headers"]["Accept"] = "application/octet-stream"
         del kwargs["json"]
         yield entry, kwargs
@@ -71,11 +74,13 @@ class _Sink:
         self.partial.unlink(missing_ok=True)
 
 
-def download(client: Client, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None) -> list[Path]:
+def download(client: Client, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None,
+             export: str | None = None) -> list[Path]:
     dest = Path(dest)
-    listing = client._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList, params=_params(checkpoint))
+    listing = client._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList,
+                              params=_params(checkpoint, export))
     written = []
-    for entry, kwargs in _file_requests(client, job_id, listing, checkpoint):
+    for entry, kwargs in _file_requests(client, job_id, listing, checkpoint, export):
         for retry in range(client.max_retries + 1):
             sink = _Sink(dest, entry)
             try:
@@ -99,12 +104,12 @@ def download(client: Client, job_id: str, dest: str | os.PathLike, checkpoint: i
 
 
 async def download_async(client: AsyncClient, job_id: str, dest: str | os.PathLike,
-                         checkpoint: int | None = None) -> list[Path]:
+                         checkpoint: int | None = None, export: str | None = None) -> list[Path]:
     dest = Path(dest)
     listing = await client._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList,
-                                    params=_params(checkpoint))
+                                    params=_params(checkpoint, export))
     written = []
-    for entry, kwargs in _file_requests(client, job_id, listing, checkpoint):
+    for entry, kwargs in _file_requests(client, job_id, listing, checkpoint, export):
         for retry in range(client.max_retries + 1):
             sink = _Sink(dest, entry)
             try:

@@ -15,6 +15,8 @@ import httpx
 from eft._base import EventParser, create_body, list_params, server_events
 from eft._errors import WaitTimeoutError
 from eft.types.jobs import (
+    Export,
+    ExportList,
     Job,
     JobCheckpointList,
     JobCreate,
@@ -114,13 +116,37 @@ class Jobs:
         """Return every checkpoint the job saved, oldest first (`available` once pruned: False)."""
         return self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
 
-    def download(self, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None) -> list[Path]:
-        """Write the job's artifact (or its checkpoint of step `checkpoint`) under `dest`, each
-        file checked against the size and SHA-256 the service lists; returns the paths. Raises
-        `DownloadError` on a mismatch, `ConflictError` before the job succeeded."""
+    def download(self, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None,
+                 merged: bool = False) -> list[Path]:
+        """Write the job's artifact (or its checkpoint of step `checkpoint`, or with `merged` its
+        merged export) under `dest`, each file checked against the size and SHA-256 the service
+        lists; returns the paths. Raises `DownloadError` on a mismatch, `ConflictError` before
+        the job succeeded (or the merged export is written)."""
         from eft.downloads import download
 
-        return download(self._client, job_id, dest, checkpoint)
+        return download(self._client, job_id, dest, checkpoint, "merged" if merged else None)
+
+    def export(self, job_id: str, kind: str = "merged") -> Export:
+        """Start exporting the job's model (`merged`: base + adapter as one model); returns the
+        export (the one already running or written, if any)."""
+        return self._client._request("POST", f"/jobs/{job_id}/export", cast=Export, json={"kind": kind})
+
+    def exports(self, job_id: str) -> ExportList:
+        """The job's exports and their status."""
+        return self._client._request("GET", f"/jobs/{job_id}/exports", cast=ExportList)
+
+    def wait_export(self, job_id: str, kind: str = "merged", poll_interval_s: float = 1.0,
+                    timeout_s: float | None = None) -> Export:
+        """Export (if not yet asked) and poll until the export of `kind` has succeeded or
+        failed; returns it. Raises `WaitTimeoutError` past `timeout_s`."""
+        started = time.monotonic()
+        export = self.export(job_id, kind)
+        while export.status == "running":
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                raise WaitTimeoutError(f"export {export.id} of {job_id} still running after {timeout_s} s")
+            self._client._sleep(poll_interval_s)
+            export = next(e for e in self.exports(job_id).data if e.id == export.id)
+        return export
 
     def manifest(self, job_id: str) -> dict[str, Any]:
         """Return the artifact's `eft_manifest.json`; raises `ConflictError` before it exists."""
@@ -208,10 +234,28 @@ class AsyncJobs:
     async def checkpoints(self, job_id: str) -> JobCheckpointList:
         return await self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
 
-    async def download(self, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None) -> list[Path]:
+    async def download(self, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None,
+                       merged: bool = False) -> list[Path]:
         from eft.downloads import download_async
 
-        return await download_async(self._client, job_id, dest, checkpoint)
+        return await download_async(self._client, job_id, dest, checkpoint, "merged" if merged else None)
+
+    async def export(self, job_id: str, kind: str = "merged") -> Export:
+        return await self._client._request("POST", f"/jobs/{job_id}/export", cast=Export, json={"kind": kind})
+
+    async def exports(self, job_id: str) -> ExportList:
+        return await self._client._request("GET", f"/jobs/{job_id}/exports", cast=ExportList)
+
+    async def wait_export(self, job_id: str, kind: str = "merged", poll_interval_s: float = 1.0,
+                          timeout_s: float | None = None) -> Export:
+        started = time.monotonic()
+        export = await self.export(job_id, kind)
+        while export.status == "running":
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                raise WaitTimeoutError(f"export {export.id} of {job_id} still running after {timeout_s} s")
+            await self._client._sleep(poll_interval_s)
+            export = next(e for e in (await self.exports(job_id)).data if e.id == export.id)
+        return export
 
     async def manifest(self, job_id: str) -> dict[str, Any]:
         return await self._client._request_json("GET", f"/jobs/{job_id}/manifest")

@@ -2,7 +2,8 @@
 
 Run it with `make demo` (or `.venv/bin/python examples/demo.py [--keep]`). It starts a local
 Ray and the service on Ray Serve (unless they already run), submits a 2-worker LoRA job on the
-bundled tiny Llama and chat dataset through the Python client, shows a live progress bar, then
+bundled tiny Llama and chat dataset through the Python client, shows a live progress bar, chats
+with the fine-tuned model and the base model through the service's /v1/chat/completions, then
 loads base + adapter with plain transformers + peft and compares validation loss and a sample
 generation. It stops what it started, unless --keep.
 """
@@ -131,6 +132,55 @@ def compare(adapter_dir: str) -> dict[str, float]:
     return {"before": before, "after": after}
 
 
+def chat_through_service(url: str, model: str, base: str, count: int = 8) -> None:
+    """Ask the service's /v1/chat/completions (streamed) the first held-out prompts, with the
+    fine-tuned model id and with the base model: the model servers load the new adapter on
+    first use, no restart. Prints the replies and how many start as the reference does."""
+    import time
+
+    import httpx
+
+    from eft._config import read_config
+
+    headers = {"Authorization": f"Bearer {read_config()['api_key']}"}
+    rows = [json.loads(line) for line in VALID.read_text().splitlines() if line.strip()][:count]
+
+    def ask(name: str, messages: list[dict[str, str]]) -> tuple[str, float]:
+        started, first, text = time.monotonic(), None, ""
+        body = {"model": name, "messages": messages, "max_tokens": 40, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                    if delta and first is None:
+                        first = time.monotonic() - started
+                    text += delta
+        return text.strip(), first or 0.0
+
+    def opening(text: str) -> tuple[str, ...]:
+        return tuple(text.lower().split()[:3])
+
+    table = Table(title=f"chat through the service: {model} vs {base}")
+    for column in ("prompt", "reference", "base", "fine-tuned"):
+        table.add_column(column)
+    matches = {"base": 0, "tuned": 0}
+    first_token = None
+    for row in rows:
+        reply = next(i for i, m in enumerate(row["messages"]) if m["role"] == "assistant")
+        prompt, reference = row["messages"][:reply], row["messages"][reply]["content"]
+        tuned, seconds = ask(model, prompt)
+        first_token = seconds if first_token is None else first_token
+        plain, _ = ask(base, prompt)
+        matches["tuned"] += opening(tuned) == opening(reference)
+        matches["base"] += opening(plain) == opening(reference)
+        table.add_row(prompt[-1]["content"], reference, plain, tuned)
+    console.print(table)
+    console.print(f"first chat token from the new model {first_token:.1f} s after the job finished; replies "
+                  f"opening as the reference does: fine-tuned {matches['tuned']}/{len(rows)}, base "
+                  f"{matches['base']}/{len(rows)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Run the eft demo job.")
     parser.add_argument("--keep", action="store_true", help="leave Ray and the service running")
@@ -144,6 +194,7 @@ def main() -> int:
             console.print(f"[red]error:[/] {job.error}")
             return 1
         console.print(f"adapter: {job.artifact_path}")
+        chat_through_service(url, job.fine_tuned_model, JOB["model"])
         losses = compare(job.artifact_path)
         console.print(f"validation loss before {losses['before']:.3f} -> after {losses['after']:.3f}")
         return 0 if losses["after"] < losses["before"] else 1

@@ -33,6 +33,8 @@ from eft.service.store import _aware, serialized, tenant_key, utcnow
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
 PURPOSES = ("fine-tune",)
+#: What the service writes itself: a succeeded job's step metrics (service/result_files.py).
+RESULTS_PURPOSE = "fine-tune-results"
 CHUNK_BYTES = 1024 * 1024
 
 
@@ -122,16 +124,18 @@ class FileStore:
     def __init__(self, engine: sa.Engine, settings: Settings):
         self.engine, self.settings = engine, settings
 
-    def save(self, tenant: str, filename: str | None, purpose: str, stream: BinaryIO) -> FileRecord:
+    def save(self, tenant: str, filename: str | None, purpose: str, stream: BinaryIO,
+             file_id: str | None = None) -> FileRecord:
         """Stream `stream` into place and record it. Raises ServiceError (400) for a bad name or
-        purpose, PayloadTooLarge (413) past `max_upload_bytes`; nothing is kept then."""
+        purpose, PayloadTooLarge (413) past `max_upload_bytes`; nothing is kept then. The
+        service's own files (`file_id` given) may have the results purpose."""
         name = check_filename(filename)
-        if purpose not in PURPOSES:
+        if purpose not in PURPOSES and not (file_id and purpose == RESULTS_PURPOSE):
             raise ServiceError(f"purpose must be one of {', '.join(PURPOSES)}, not {purpose!r}",
                                param="purpose", code="invalid_purpose")
         root = files_root(self.settings)
         root.mkdir(parents=True, exist_ok=True)
-        file_id = new_file_id()
+        file_id = file_id or new_file_id()
         with self.engine.connect() as conn:
             count, used = self._usage(conn, tenant)
         self._check_usage(tenant, count, used, 0)

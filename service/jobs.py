@@ -29,7 +29,8 @@ from eft.service.files import FileStore
 from eft.service.inference import AdapterSource, BaseSource
 from eft.service.idempotency import Idempotency, request_digest
 from eft.service.model_ids import checkpoint_model_id, fine_tuned_model_id, parse_model_id
-from eft.service.launcher import Launcher, stop_quietly
+from eft.service import exports
+from eft.service.launcher import Launcher, RayJobState, stop_quietly
 from eft.service.progress import progress_fields
 from eft.service.quotas import check_quota, demand
 from eft.service.settings import Settings
@@ -177,8 +178,61 @@ class JobService:
         return self._checkpoints_of(self.store.get_job(job_id, tenant))
 
     def _checkpoints_of(self, job: JobRecord) -> list[dict[str, Any]]:
+        """The job's checkpoints with their model ids, validation losses, and the kept one with
+        the lowest validation loss marked `best`."""
         model = model_id(job)
-        return [{**c, "model": checkpoint_model_id(model, c["step"])} for c in self.store.list_checkpoints(job.id)]
+        found = [{**c, "model": checkpoint_model_id(model, c["step"]),
+                  "eval_loss": (c.get("metrics") or {}).get("eval_loss")} for c in self.store.list_checkpoints(job.id)]
+        # The best step as the job judged it (with its min_delta) when it saved its newest
+        # evaluated checkpoint; else the kept checkpoint with the lowest loss.
+        judged = [c["metrics"]["best_step"] for c in sorted(found, key=lambda c: c["step"])
+                  if isinstance((c.get("metrics") or {}).get("best_step"), (int, float))]
+        kept = [c for c in found if c["available"] and isinstance(c["eval_loss"], (int, float))]
+        best = next((c for c in kept if judged and c["step"] == int(judged[-1])), None)
+        if best is None and not judged:
+            best = min(kept, key=lambda c: (c["eval_loss"], c["step"]), default=None)
+        for c in found:
+            c["best"] = c is best
+        return found
+
+    def exports(self, job_id: str, tenant: str | None) -> list[dict[str, Any]]:
+        """The job's exports, oldest first: its adapter (once it succeeded) and every merged
+        export asked for. A merged export whose Ray Job ended without saying how is failed."""
+        job = self.store.get_job(job_id, tenant)
+        events, _ = self.store.list_events(job.id, limit=100_000, types=[exports.STARTED, exports.DONE, exports.FAILED])
+        found = exports.exports_from_events(job.id, [vars(e) for e in events])
+        for export in found:
+            if export["status"] == "running" and export.get("ray_submission_id"):
+                state = self.launcher.state(export["ray_submission_id"])
+                if state in (RayJobState.FAILED, RayJobState.STOPPED, RayJobState.MISSING, RayJobState.SUCCEEDED):
+                    export.update(status="failed", error=f"its Ray Job ended ({state}) without writing the model")
+        if job.status is JobStatus.succeeded and job.artifact_path:
+            found.insert(0, {"object": "export", "id": 0, "job_id": job.id, "kind": "adapter", "status": "succeeded",
+                             "path": job.artifact_path, "error": None, "created_at": job.finished_at,
+                             "finished_at": job.finished_at})
+        return found
+
+    def export(self, job_id: str, tenant: str | None, kind: str) -> tuple[dict[str, Any], bool]:
+        """Export the job's model as `kind` ("merged" or "adapter"). Returns (the export, whether
+        this call started it): a merged export already running or written is returned as it is.
+        Raises Conflict (409) for a job that has not succeeded."""
+        job = self.store.get_job(job_id, tenant)
+        if job.status is not JobStatus.succeeded or not job.artifact_path:
+            raise Conflict(f"job {job.id} is {job.status.value}: only a succeeded job's model can be exported",
+                           code="job_not_succeeded", param="job_id")
+        if (job.config or {}).get("method") == "full" and kind == "merged":
+            raise Conflict(f"job {job.id} trained the whole model: its artifact is already a full model; download it",
+                           code="nothing_to_merge", param="kind")
+        known = self.exports(job.id, tenant)
+        for export in reversed(known):
+            if export["kind"] == kind and export["status"] in ("running", "succeeded"):
+                return export, False
+        export_id = max((e["id"] for e in known), default=0) + 1
+        submission_id = self.launcher.submit_export(job.id, export_id)
+        self.store.append_event(job.id, exports.STARTED, f"merged export {export_id} started", data={
+            "export_id": export_id, "kind": kind, "path": exports.destination(job.artifact_path, kind),
+            "ray_submission_id": submission_id})
+        return next(e for e in self.exports(job.id, tenant) if e["id"] == export_id), True
 
     def fine_tuned_models(self, tenant: str | None) -> list[JobRecord]:
         """The succeeded jobs of `tenant` (None: every tenant's), newest first: the models they

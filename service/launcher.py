@@ -34,6 +34,7 @@ class RayJobState:
 
 class Launcher(Protocol):
     def submit(self, job_id: str, attempt: int, name: str | None) -> bool: ...
+    def submit_export(self, job_id: str, export_id: int) -> str: ...
     def state(self, submission_id: str) -> str: ...
     def stop(self, submission_id: str) -> None: ...
     def logs(self, submission_id: str) -> str: ...
@@ -105,6 +106,29 @@ class RayJobsLauncher:
                 return False
             raise
         return True
+
+    def submit_export(self, job_id: str, export_id: int) -> str:
+        """Start the Ray Job that writes a merged export of a succeeded job's model
+        (service/exports.py). Returns its submission id."""
+        submission_id = f"{job_id}-export-{export_id}"
+        env = self.settings.driver_environment()
+        runtime_env: dict[str, object] = {"env_vars": env}
+        if credentials.FILE_VAR in env:
+            runtime_env["worker_process_setup_hook"] = credentials.SETUP_HOOK
+        try:
+            self.client.submit_job(
+                entrypoint=(f"{shlex.quote(sys.executable)} -m eft.service.exports "
+                            f"--job-id {shlex.quote(job_id)} --export-id {int(export_id)}"),
+                submission_id=submission_id, runtime_env=runtime_env,
+                metadata={"eft_job_id": job_id, "eft_export_id": str(export_id),
+                          "job_name": f"merged export of {job_id}"},
+                # It loads and merges the model itself: one CPU, on a node that has one.
+                entrypoint_num_cpus=1,
+            )
+        except RuntimeError as exc:
+            if "already exists" not in str(exc):
+                raise
+        return submission_id
 
     def state(self, submission_id: str) -> str:
         try:

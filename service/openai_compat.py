@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eft.service.result_files import result_file_id
 from eft.types.jobs import Hyperparameters, Job, JobCreate, JobEvent, JobStatus
 from eft.types.openai import (
     FineTuningJob,
@@ -81,6 +82,7 @@ def to_openai_job(job: Job, tenant: str) -> FineTuningJob:
         method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
         trained_tokens=int(job.result_metrics["train_tokens"]) if "train_tokens" in job.result_metrics else None,
         error=error, seed=hp.seed, metadata=job.metadata or None, user_provided_suffix=job.name,
+        result_files=[result_file_id(job.id)] if job.status is JobStatus.succeeded else [],
     )
 
 

@@ -7,11 +7,14 @@ those processes opens its own store connection on first use.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from eft.service.errors import Conflict
 from eft.service.store import Store
 from eft.types.jobs import JobStatus
+
+log = logging.getLogger("eft.reporter")
 
 
 class StoreReporter:
@@ -68,7 +71,21 @@ class StoreReporter:
             )
         except Conflict:
             return False
+        self._write_result_file()
         return True
+
+    def _write_result_file(self) -> None:
+        """The job's step metrics as its result file (`result_files` on /v1); a failure here
+        leaves the job succeeded (the file is written when first read instead)."""
+        from eft.service import result_files
+        from eft.service.files import FileStore
+        from eft.service.settings import get_settings
+
+        try:
+            result_files.ensure(FileStore(self.store.engine, get_settings()), self.store,
+                                self.store.get_job(self.job_id))
+        except Exception:  # noqa: BLE001 - logged; nothing of the job depends on it
+            log.exception("could not write the result file of %s", self.job_id)
 
     def failed(self, code: str, message: str, param: str | None) -> None:
         self.store.transition(

@@ -387,10 +387,12 @@ class Store:
         return True
 
     def list_events(
-        self, job_id: str, *, after: int | None = None, limit: int = 100
+        self, job_id: str, *, after: int | None = None, limit: int = 100, types: Iterable[str] | None = None,
     ) -> tuple[list[EventRecord], bool]:
-        """Returns (events oldest first, has_more)."""
+        """Returns (events oldest first, has_more); only those of `types` when given."""
         query = job_events.select().where(job_events.c.job_id == job_id)
+        if types is not None:
+            query = query.where(job_events.c.type.in_(list(types)))
         if after is not None:
             query = query.where(job_events.c.id > after)
         query = query.order_by(job_events.c.id.asc()).limit(limit + 1)

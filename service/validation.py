@@ -298,6 +298,26 @@ def _render_chat_sample(model_path: str, path: Path, param: str, train_on: str, 
     return []
 
 
+def check_evaluation(req: JobCreate) -> list[Problem]:
+    """Evaluation settings that need what the request does not give."""
+    problems = []
+    asked = req.eval.model_fields_set & {"every_steps", "early_stopping_patience", "min_delta"}
+    if not req.validation_file:
+        for name in sorted(asked):
+            problems.append(Problem(f"eval.{name}", "validation_file_required",
+                                    f"eval.{name} needs a validation_file to evaluate on: add one, or drop eval.{name}"))
+        if req.publish == "best":
+            problems.append(Problem("publish", "validation_file_required",
+                                    "publish 'best' picks the step with the lowest validation loss: add a "
+                                    "validation_file, or publish 'last'"))
+    if req.publish == "best" and req.method.type == "full":
+        problems.append(Problem("publish", "publish_best_unsupported",
+                                "publish 'best' keeps the best weights in memory while training goes on, "
+                                "which a full fine-tuning job's are too large for: publish 'last', or pick "
+                                "the best checkpoint (GET /jobs/{id}/checkpoints marks it) and download it"))
+    return problems
+
+
 def check_request(req: JobCreate, settings: Settings, choice: Choice | None = None) -> ResolvedInputs:
     """Every check that needs no tokenizer, and the plan (`choice` when the job already has
     one). Returns resolved inputs; raises RequestInvalid."""
@@ -334,6 +354,7 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
                                 f"below max_workers ({max_workers}): every worker needs an example "
                                 "per step; raise global_batch_size or lower max_workers"))
     problems += check_optimizations(req)
+    problems += check_evaluation(req)
     support = None
     if model_path is not None and Path(model_path).is_dir():
         try:
@@ -493,6 +514,10 @@ def build_train_config(
         packing=inputs.choice.packing, compile=req.optimizations.compile,
         data_cache_dir=str(token_cache_dir(settings)),
         checkpoint_every_steps=req.checkpoint.every_steps, checkpoint_keep=req.checkpoint.keep,
+        eval_every_steps=(req.eval.every_steps or req.checkpoint.every_steps) if inputs.validation_file else 0,
+        early_stopping_patience=req.eval.early_stopping_patience or 0,
+        early_stopping_min_delta=req.eval.min_delta, eval_sample_prompts=req.eval.sample_prompts,
+        eval_sample_tokens=req.eval.sample_max_tokens, publish=req.publish,
         checkpoint_every_seconds=req.checkpoint.every_seconds,
         max_restarts=req.recovery.max_restarts,
         hub=hub.hub_source(inputs.model_path, settings),

@@ -7,8 +7,12 @@ never leaves half a checkpoint behind, and it keeps the newest `checkpoint.keep`
                               loadable at any world size and under any strategy
     optimizer.pt              the optimizer state, consolidated over ranks (full tensors by
                               parameter name), so a resized job reloads it at its new size
-    trainer_state.json        global step, world size, why it was saved, metrics at save time
-    adapter/                  (final checkpoint) a PEFT adapter directory + tokenizer
+    trainer_state.json        global step, world size, why it was saved, metrics at save time,
+                              and the evaluations' state (best validation loss and step)
+    best.safetensors          (publish "best") the best evaluation's trainable weights
+    adapter/                  (LoRA) the adapter's config, which a model server loads the
+                              trainable weights into; the final checkpoint's is the whole PEFT
+                              adapter directory + tokenizer
 
 Nothing else is needed: the sample order is a function of (seed, step) (training/data.py) and
 the random state (dropout) is reseeded from (seed, step, rank) at every step, so the step is
@@ -29,6 +33,8 @@ from safetensors.torch import load_file, save_file
 STATE_FILE = "trainer_state.json"
 TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+#: With publish "best": the trainable weights of the evaluation with the lowest validation loss.
+BEST_FILE = "best.safetensors"
 
 
 ALIASES = "eft_aliases"
@@ -51,9 +57,16 @@ def split_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     return kept, aliases
 
 
-def load_trainable(directory: Path) -> dict[str, torch.Tensor]:
-    """The trainable state `save` wrote, tied names included."""
-    path = str(directory / TRAINABLE_FILE)
+def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    """Tensors by name in one safetensors file, tied ones stored once (see `load_trainable`)."""
+    kept, aliases = split_shared(state)
+    save_file({k: v.contiguous() for k, v in kept.items()}, str(path), metadata={ALIASES: json.dumps(aliases)})
+
+
+def load_trainable(directory: Path, name: str = TRAINABLE_FILE) -> dict[str, torch.Tensor]:
+    """The trainable state `save` wrote (or another file `save_tensors` wrote), tied names
+    included."""
+    path = str(directory / name)
     state = load_file(path)
     with safe_open(path, "pt") as handle:
         aliases = json.loads((handle.metadata() or {}).get(ALIASES, "{}"))
@@ -73,9 +86,7 @@ def save(
     optimizer = strategy.optimizer_state()
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        kept, aliases = split_shared(trainable)
-        save_file({k: v.contiguous() for k, v in kept.items()}, str(directory / TRAINABLE_FILE),
-                  metadata={ALIASES: json.dumps(aliases)})
+        save_tensors(trainable, directory / TRAINABLE_FILE)
         torch.save(optimizer, directory / OPTIMIZER_FILE)
         (directory / STATE_FILE).write_text(json.dumps({
             "step": step, "world_size": world_size, "reason": reason,

@@ -62,6 +62,16 @@ class TrainConfig:
     resources_per_worker: dict[str, float] = dataclasses.field(default_factory=dict)
     strategy: str = "ddp"
     checkpoint_every_steps: int = 50
+    #: Validation loss every this many steps (0: only at the end); early stopping after this
+    #: many evaluations without a decrease of more than the min delta (0: never).
+    eval_every_steps: int = 0
+    early_stopping_patience: int = 0
+    early_stopping_min_delta: float = 0.0
+    #: Greedy replies to the first validation prompts at each evaluation (0: none).
+    eval_sample_prompts: int = 0
+    eval_sample_tokens: int = 48
+    #: The artifact's weights: "last" step's, or the "best" evaluation's.
+    publish: str = "last"
     checkpoint_keep: int = 2
     #: Also checkpoint when this many seconds have passed since the last one (None: steps only).
     checkpoint_every_seconds: float | None = None

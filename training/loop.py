@@ -12,6 +12,7 @@ gradient of the whole batch.
 
 from __future__ import annotations
 
+import json
 import math
 from concurrent.futures import Future, ThreadPoolExecutor
 import shutil
@@ -29,6 +30,7 @@ import ray.train
 import ray.train.torch
 
 from eft.training import checkpoint
+from eft.training.checkpoint import BEST_FILE
 from eft.training.config import TrainConfig
 from eft.training.steps import host_peak_memory_gb, lr_lambda, peak_memory_gb, token_loss_sum
 from eft.training.data import DataError, TokenizeOptions, collate, global_batch_indices, shard_for_rank
@@ -84,12 +86,36 @@ class Window:
     started: float = field(default_factory=time.perf_counter)
 
 
+def sample_prompts(examples: list[Any], count: int) -> list[tuple[list[int], list[int]]]:
+    """The prompts of the first `count` examples with a trained token, as (tokens before the
+    first trained one, the trained run that follows: the reference reply)."""
+    from eft.training.data import IGNORE_INDEX
+
+    out = []
+    for example in examples:
+        if len(out) >= count:
+            break
+        start = next((i for i, t in enumerate(example.labels) if t != IGNORE_INDEX and i > 0), None)
+        if start is None:
+            continue
+        end = next((i for i in range(start, len(example.labels)) if example.labels[i] == IGNORE_INDEX),
+                   len(example.labels))
+        out.append((list(example.input_ids[:start]), list(example.input_ids[start:end])))
+    return out
+
+
 class Recipe:
     def __init__(self, cfg: TrainConfig, sink: Any = None):
         self.cfg, self.sink = cfg, sink
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
+        # Evaluation: the best validation loss so far and its step, evaluations in a row
+        # without a better one, and (publish "best", rank 0) that step's trainable weights.
+        self.best_eval_loss, self.best_step, self.bad_evals = math.inf, 0, 0
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.stopped_early = False
+        self.last_eval_step = -1
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -122,6 +148,7 @@ class Recipe:
             self.strategy.module.compile(dynamic=True)
         self.lr_factor = lr_lambda(cfg)
         self.step = 0
+        self.eval_prompts = sample_prompts(self.valid_examples, cfg.eval_sample_prompts)
         # Builds the next step's batches while this one trains (collation is host work).
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eft-batches")
         self._prefetch: tuple[int, Future] | None = None
@@ -130,6 +157,7 @@ class Recipe:
             started = time.perf_counter()
             with resume_from.as_directory() as directory:
                 state = checkpoint.restore(Path(directory), self.strategy)
+                self._restore_eval_state(state, Path(directory))
             self.step = int(state["step"])
             if self.rank == 0 and self.sink is not None:
                 ray.get(self.sink.resumed.remote(self.step, self.world_size, state.get("reason", "interval"),
@@ -281,6 +309,7 @@ class Recipe:
                                         self.world_size, reason, metrics)
             del trainable
             self._save_adapter_config(directory)
+            self._save_eval_state(directory)
             if self.rank == 0:
                 # Ray Train deletes the directory once it is persisted.
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(directory)),
@@ -295,13 +324,29 @@ class Recipe:
             trainable = checkpoint.save(directory, self.strategy, self.rank, self.step,
                                         self.world_size, reason, metrics)
             if final and self.rank == 0:
-                self.strategy.module.save_pretrained(directory / "adapter", state_dict=trainable)
+                published = trainable
+                if self.cfg.publish == "best" and self.best_state is not None and self.best_step != self.step:
+                    published = self.best_state
+                self.strategy.module.save_pretrained(directory / "adapter", state_dict=published)
                 self.tokenizer.save_pretrained(directory / "adapter")
             else:
                 self._save_adapter_config(directory)
+            self._save_eval_state(directory)
             saved = ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None
             ray.train.report(metrics, checkpoint=saved)
         self.last_checkpoint_at = time.monotonic()
+
+    def _save_eval_state(self, directory: Path) -> None:
+        """Rank 0 adds the evaluations' state to a checkpoint, so a resumed run keeps its best
+        validation loss, its patience count and (publish "best") the best weights."""
+        if self.rank != 0 or not math.isfinite(self.best_eval_loss):
+            return
+        state = checkpoint.read_state(directory)
+        state["eval"] = {"best_eval_loss": self.best_eval_loss, "best_step": self.best_step,
+                         "bad_evals": self.bad_evals}
+        (directory / checkpoint.STATE_FILE).write_text(json.dumps(state))
+        if self.best_state is not None:
+            checkpoint.save_tensors(self.best_state, directory / BEST_FILE)
 
     def _save_adapter_config(self, directory: Path) -> None:
         """Rank 0 puts the adapter's config beside a LoRA checkpoint's weights (a few hundred
@@ -367,16 +412,19 @@ class Recipe:
             # time stays apart from the steady state's.
             at_log = self.step % cfg.log_every_steps == 0 or self.step in (1, cfg.total_steps)
             at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and self.step < cfg.total_steps
+            at_eval = bool(cfg.eval_every_steps) and self.step % cfg.eval_every_steps == 0 and self.step < cfg.total_steps
             preempt_deadline_ms, overdue = None, False
             if self.step >= next_check and self.step < cfg.total_steps:
                 preempt_deadline_ms, overdue = self._checks_due()
                 next_check = self.step + check_every
             preempting = preempt_deadline_ms is not None
-            if not (at_log or at_ckpt or preempting or overdue):
+            if not (at_log or at_ckpt or at_eval or preempting or overdue):
                 continue
             # Decided by step count and by collectives, so every rank joins the same
             # collectives and reports.
             metrics = self._window_metrics(window, grad_norm)
+            if at_eval:
+                self._evaluate_during(metrics)
             # Check for preemption about every PREEMPTION_CHECK_INTERVAL_S of training: the
             # notice is a collective, cheap but not free. The step time is all-reduced, so every
             # rank computes the same cadence.
@@ -386,6 +434,8 @@ class Recipe:
             if preempting:
                 self._report(metrics, with_checkpoint=True, reason="preemption")
                 self._wait_out_preemption(preempt_deadline_ms)
+            if self.stopped_early:
+                return  # the final checkpoint comes next, at this step
             if at_ckpt or overdue:
                 self._report(metrics, with_checkpoint=True, reason="interval" if at_ckpt else "time")
 
@@ -417,6 +467,74 @@ class Recipe:
         model.train()
         return loss_sum / max(1.0, tokens)
 
+    def _evaluate_during(self, metrics: dict[str, float]) -> None:
+        """An evaluation in the course of training (every rank, at the same steps): the
+        validation loss into `metrics`, the best one tracked, replies to the sample prompts
+        sent to the job, and early stopping decided (alike on every rank: the loss is reduced)."""
+        eval_loss = self.evaluate()
+        if eval_loss is None:
+            return
+        metrics["eval_loss"] = eval_loss
+        self._track_best(eval_loss)
+        metrics["best_eval_loss"], metrics["best_step"] = self.best_eval_loss, float(self.best_step)
+        self._send_samples(eval_loss)
+        patience = self.cfg.early_stopping_patience
+        if patience and self.bad_evals >= patience:
+            self.stopped_early = True
+            if self.rank == 0 and self.sink is not None:
+                self.sink.event.remote(
+                    "early_stopped",
+                    f"stopped at step {self.step} of {self.cfg.total_steps}: {self.bad_evals} evaluations without a "
+                    f"validation loss below {self.best_eval_loss:.4f} (step {self.best_step})",
+                    {"step": self.step, "best_step": self.best_step, "best_eval_loss": self.best_eval_loss,
+                     "patience": patience})
+
+    def _track_best(self, eval_loss: float) -> None:
+        self.last_eval_step = self.step
+        if eval_loss < self.best_eval_loss - self.cfg.early_stopping_min_delta:
+            self.best_eval_loss, self.best_step, self.bad_evals = eval_loss, self.step, 0
+            if self.cfg.publish == "best":
+                state = self.strategy.trainable_state()  # a collective under sharded strategies
+                self.best_state = {k: v.clone() for k, v in state.items()} if self.rank == 0 else None
+        else:
+            self.bad_evals += 1
+
+    def _restore_eval_state(self, state: dict[str, Any], directory: Path) -> None:
+        """What a checkpoint kept of the evaluations (see `_report`)."""
+        best = state.get("eval") or {}
+        self.best_eval_loss = float(best.get("best_eval_loss", math.inf))
+        self.best_step, self.bad_evals = int(best.get("best_step", 0)), int(best.get("bad_evals", 0))
+        if self.rank == 0 and (directory / BEST_FILE).is_file():
+            self.best_state = checkpoint.load_trainable(directory, BEST_FILE)
+
+    @torch.no_grad()
+    def _send_samples(self, eval_loss: float) -> None:
+        """Rank 0 replies greedily to the sample prompts and sends them to the job as an
+        `eval_samples` event. Only where rank 0 holds whole weights (DDP, ZeRO-1/2): under
+        FSDP and ZeRO-3 a forward pass is a collective, and generation lengths differ."""
+        if not self.eval_prompts or self.rank != 0 or self.sink is None or self.cfg.strategy in ("fsdp", "zero3"):
+            return
+        model = self.strategy.module
+        model.eval()
+        stops = [t for t in {self.tokenizer.eos_token_id, self.pad_id} if t is not None]
+        samples = []
+        try:
+            for prompt, reference in self.eval_prompts:
+                ids = torch.tensor([prompt], device=self.device)
+                with self.strategy.autocast():
+                    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                         max_new_tokens=self.cfg.eval_sample_tokens, eos_token_id=stops,
+                                         pad_token_id=self.pad_id)
+                samples.append({
+                    "prompt": self.tokenizer.decode(prompt, skip_special_tokens=True),
+                    "reference": self.tokenizer.decode(reference, skip_special_tokens=True),
+                    "reply": self.tokenizer.decode(out[0, len(prompt):].tolist(), skip_special_tokens=True),
+                })
+        finally:
+            model.train()
+        self.sink.event.remote("eval_samples", f"replies to {len(samples)} validation prompts at step {self.step}",
+                               {"step": self.step, "eval_loss": eval_loss, "samples": samples})
+
     def finish(self) -> None:
         metrics: dict[str, float] = {
             "step": self.step, "final": 1.0, "world_size": self.world_size,
@@ -429,6 +547,14 @@ class Recipe:
         eval_loss = self.evaluate()
         if eval_loss is not None:
             metrics["eval_loss"] = eval_loss
+            if self.last_eval_step != self.step:  # an early stop evaluated this step already
+                self._track_best(eval_loss)
+                self._send_samples(eval_loss)
+            metrics["best_eval_loss"], metrics["best_step"] = self.best_eval_loss, float(self.best_step)
+        # Alike on every rank: the best step comes from the reduced losses.
+        best = self.cfg.publish == "best" and math.isfinite(self.best_eval_loss)
+        metrics["published_step"] = float(self.best_step if best else self.step)
+        metrics["stopped_early"] = float(self.stopped_early)
         peaks = [0.0] * self.world_size
         peaks[self.rank] = peak_memory_gb(self.device)
         for rank, value in enumerate(_all_reduce_sum(peaks, self.device)):

@@ -42,6 +42,10 @@ class ProgressSink:
                 tracker.log(step, numbers)
         return step
 
+    def event(self, type_: str, message: str, data: dict[str, Any]) -> None:
+        """An event of the job from rank 0 (an early stop, replies to validation prompts)."""
+        self.reporter.event(type_, message, data)
+
     def close(self) -> None:
         """Flush and close the trackers (the driver calls this before publishing)."""
         for tracker in self.trackers:

@@ -48,8 +48,17 @@ _JOB = """<h1 id="title">{job_id}</h1><p id="error" class="error" hidden></p>
 </section>
 <section><h2>Events</h2><table id="events"><thead><tr><th>Time</th><th>Attempt</th><th>Type</th>
 <th>Message</th></tr></thead><tbody></tbody></table></section>
-<section><h2>Checkpoints</h2><table id="checkpoints"><thead><tr><th>Step</th><th>Reason</th><th>Workers</th>
-<th>Size</th><th>Save s</th><th>Path</th></tr></thead><tbody></tbody></table></section>
+<section id="chat" hidden><h2>Chat</h2>
+<form id="chat-form"><label>Model <select name="model" id="chat-model"></select></label>
+<label class="wide">Message <textarea name="message" rows="2" required></textarea></label>
+<label>Max tokens <input name="max_tokens" type="number" min="1" value="64"></label>
+<button type="submit">Send to both</button></form>
+<div class="chat-columns"><div><h3 id="chat-base-title">Base model</h3><pre id="chat-base"></pre></div>
+<div><h3 id="chat-tuned-title">Fine-tuned</h3><pre id="chat-tuned"></pre></div></div></section>
+<section><h2>Replies to validation prompts</h2><table id="eval-samples"><thead><tr><th>Step</th><th>Eval loss</th>
+<th>Prompt</th><th>Reference</th><th>Reply</th></tr></thead><tbody></tbody></table></section>
+<section><h2>Checkpoints</h2><table id="checkpoints"><thead><tr><th>Step</th><th>Reason</th><th>Eval loss</th>
+<th>Best</th><th>Workers</th><th>Size</th><th>Save s</th><th>Model id</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Manifest</h2><pre id="manifest">(written when the job succeeds)</pre></section>"""
 
 _NEW = """<h1>Submit a job</h1><p id="error" class="error" hidden></p>

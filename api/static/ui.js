@@ -197,14 +197,94 @@ async function refreshJob(jobId) {
   drawSummary(job, points.length ? points[points.length - 1].values : {});
   drawMetrics(points);
   fillTable("events", events.data, (e) => [when(e.created_at), e.attempt, e.type, e.message]);
-  fillTable("checkpoints", checkpoints.data, (c) => [c.step, c.reason, c.world_size,
-    c.size_bytes ? `${(c.size_bytes / 1e6).toFixed(2)} MB` : null, c.save_seconds && c.save_seconds.toFixed(3), c.path]);
+  fillTable("checkpoints", checkpoints.data, (c) => [c.step, c.reason, c.eval_loss && c.eval_loss.toFixed(4),
+    c.best ? "best" : "", c.world_size, c.size_bytes ? `${(c.size_bytes / 1e6).toFixed(2)} MB` : null,
+    c.save_seconds && c.save_seconds.toFixed(3), c.available ? c.model : "(pruned)"]);
+  const samples = events.data.filter((e) => e.type === "eval_samples").flatMap((e) =>
+    (e.data.samples || []).map((s) => [e.data.step, e.data.eval_loss && e.data.eval_loss.toFixed(4), s.prompt, s.reference, s.reply]));
+  fillTable("eval-samples", samples, (row) => row);
+  setupChat(job, checkpoints.data);
   if (job.status === "succeeded") {
     document.getElementById("manifest").textContent = JSON.stringify(await api(`${path}/manifest`), null, 2);
   }
   document.body.dataset.status = job.status;
   document.body.dataset.loaded = String(points.length);
   return TERMINAL.has(job.status);
+}
+
+// --- chat: the base model and a fine-tuned one (or a kept checkpoint) side by side -------
+
+// Streams a chat completion into `target` (server-sent events from /v1/chat/completions).
+async function streamChat(model, content, maxTokens, target) {
+  target.textContent = "";
+  target.dataset.done = "";
+  const headers = { "Content-Type": "application/json", Accept: "text/event-stream" };
+  if (apiKey()) headers.Authorization = "Bearer " + apiKey();
+  const response = await fetch("/v1/chat/completions", {
+    method: "POST", headers,
+    body: JSON.stringify({ model, messages: [{ role: "user", content }], max_tokens: maxTokens, temperature: 0, stream: true }),
+  });
+  if (!response.ok) {
+    const err = (await response.json().catch(() => ({}))).error || {};
+    throw new Error(`${response.status} ${err.message || response.statusText}`);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    const events = buffer.split("\n\n");
+    buffer = events.pop();
+    for (const event of events) {
+      const data = event.replace(/^data: /, "");
+      if (data === "[DONE]") continue;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      for (const choice of chunk.choices || []) {
+        if (choice.delta && choice.delta.content) target.textContent += choice.delta.content;
+        if (choice.finish_reason) target.dataset.finish = choice.finish_reason;
+      }
+    }
+  }
+  target.dataset.done = "1";
+}
+
+let chatReady = false;
+
+function setupChat(job, checkpoints) {
+  const models = [job.fine_tuned_model, ...checkpoints.filter((c) => c.available).map((c) => c.model).reverse()]
+    .filter((m) => m);
+  const select = document.getElementById("chat-model");
+  if (!models.length || models.join() === [...select.options].map((o) => o.value).join()) return;
+  const chosen = select.value;
+  select.replaceChildren(...models.map((m) => new Option(m, m, false, m === chosen)));
+  document.getElementById("chat").hidden = false;
+  document.getElementById("chat-base-title").textContent = `Base: ${job.model}`;
+  if (chatReady) return;
+  chatReady = true;
+  const form = document.getElementById("chat-form");
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const f = new FormData(form);
+    const maxTokens = Number(f.get("max_tokens")) || 64;
+    document.getElementById("chat-tuned-title").textContent = `Fine-tuned: ${f.get("model")}`;
+    try {
+      await Promise.all([
+        streamChat(job.model, f.get("message"), maxTokens, document.getElementById("chat-base")),
+        streamChat(f.get("model"), f.get("message"), maxTokens, document.getElementById("chat-tuned")),
+      ]);
+      showError(null);
+    } catch (error) {
+      showError(error);
+    }
+  });
+  // `?chat=<message>` in the page's address sends it at once (a link that shows a comparison).
+  const message = new URLSearchParams(location.search).get("chat");
+  if (message) {
+    form.elements.message.value = message;
+    form.requestSubmit();
+  }
 }
 
 // --- submit form ------------------------------------------------------------------------

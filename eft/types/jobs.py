@@ -158,6 +158,23 @@ class CheckpointPolicy(_Request):
     )
 
 
+class Evaluation(_Request):
+    """Validation during training (needs `validation_file`): the loss on the validation set every
+    `every_steps` and at the end, replies to a few of its prompts, and early stopping."""
+
+    every_steps: int | None = Field(
+        None, ge=1, description="Compute the validation loss every this many steps (default: at each "
+        "interval checkpoint, `checkpoint.every_steps`), and always at the end.")
+    early_stopping_patience: int | None = Field(
+        None, ge=1, le=1000, description="Stop once this many evaluations in a row did not lower the best "
+        "validation loss by more than `min_delta`; the job then finishes and publishes as usual.")
+    min_delta: float = Field(0.0, ge=0.0, description="The least decrease of the validation loss that counts.")
+    sample_prompts: int = Field(
+        3, ge=0, le=8, description="At each evaluation, reply greedily to this many prompts of the validation "
+        "set (its first records), stored as `eval_samples` events; 0 turns it off.")
+    sample_max_tokens: int = Field(48, ge=1, le=512, description="Tokens of each of those replies.")
+
+
 class Recovery(_Request):
     """What the job rides out. Node preemptions (a drained or reclaimed spot node) always resume
     from a checkpoint taken when the notice arrives; other platform failures (a worker or node
@@ -266,6 +283,10 @@ class JobCreate(_Request):
     scaling: Scaling = Field(default_factory=Scaling)
     strategy: Strategy = "auto"
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    eval: Evaluation = Field(default_factory=Evaluation)
+    publish: Literal["last", "best"] = Field(
+        "last", description="The weights the artifact holds: those of the last step, or of the evaluation "
+        "with the lowest validation loss (needs `validation_file`; LoRA and QLoRA).")
     recovery: Recovery = Field(default_factory=Recovery)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     trackers: Trackers = Field(default_factory=Trackers)
@@ -297,6 +318,8 @@ class Job(_Response):
     scaling: Scaling
     strategy: Strategy
     checkpoint: CheckpointPolicy
+    eval: Evaluation = Field(default_factory=Evaluation)
+    publish: Literal["last", "best"] = "last"
     recovery: Recovery = Field(default_factory=Recovery)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     trackers: Trackers = Field(default_factory=Trackers)
@@ -396,6 +419,8 @@ class JobCheckpoint(_Response):
     save_seconds: float | None = None
     available: bool = Field(description="False once pruned to the job's checkpoint.keep.")
     created_at: datetime
+    eval_loss: float | None = Field(None, description="The validation loss at this step, when one was computed.")
+    best: bool = Field(False, description="The kept checkpoint with the lowest validation loss.")
 
 
 class ArtifactFile(_Response):
@@ -410,7 +435,32 @@ class ArtifactFileList(ListResponse):
     object: Literal["list"] = "list"
     job_id: str
     checkpoint: int | None = None
+    export: str | None = None
     data: list[ArtifactFile]
+
+
+class ExportCreate(_Request):
+    kind: Literal["merged", "adapter"] = Field(
+        "merged", description="merged: the adapter folded into the base model's weights, in its dtype, as "
+        "safetensors with tokenizer and config; adapter: the PEFT adapter as published.")
+
+
+class Export(_Response):
+    object: Literal["export"] = "export"
+    id: int = Field(description="0 for the adapter; merged exports count from 1.")
+    job_id: str
+    kind: Literal["merged", "adapter"]
+    status: Literal["running", "succeeded", "failed"]
+    path: str | None = Field(None, description="Where it is (or will be) written.")
+    error: str | None = None
+    bytes: int | None = None
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class ExportList(ListResponse):
+    object: Literal["list"] = "list"
+    data: list[Export]
 
 
 class JobCheckpointList(ListResponse):

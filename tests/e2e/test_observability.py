@@ -5,7 +5,9 @@ rendered in headless Chromium (screenshot under test-artifacts/)."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -13,6 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -42,7 +45,7 @@ TRAINING_SERIES = {"ray_eft_train_loss", "ray_eft_train_learning_rate", "ray_eft
                    "ray_eft_train_samples_per_second", "ray_eft_train_step_time_seconds",
                    "ray_eft_train_mfu", "ray_eft_train_peak_memory_bytes", "ray_eft_train_world_size",
                    "ray_eft_train_step", "ray_eft_train_tokens_total", "ray_eft_train_checkpoints_total",
-                   "ray_eft_train_checkpoint_size_bytes"}
+                   "ray_eft_train_checkpoint_size_bytes", "ray_eft_train_eval_loss"}
 
 
 def _scrape(url: str) -> list:
@@ -188,6 +191,23 @@ def test_ui_renders_the_job_list_and_a_job_page_with_a_chart(watched_job):
     assert f'"job_id": "{job["id"]}"' in page  # the manifest was rendered
     # An admin's page links to Ray's dashboard (GET /me names it to admins only).
     assert "Ray dashboard" in page and "/#/jobs/" in page
+    # Replies to validation prompts at each evaluation (step 8 and the end), and each
+    # checkpoint's validation loss.
+    assert page.count("<tr><td>8</td>") >= 3 and page.count("<tr><td>16</td>") >= 3
+    # The chat box: `?chat=` sends a message to the base and the fine-tuned model side by side,
+    # streamed from the model servers; each answer is what /v1 gives for the same request.
+    from openai import OpenAI
+
+    from tests.e2e.conftest import ADMIN_KEY
+
+    message = "What is the first word of: frog fox high king"
+    chatted = _chromium("--dump-dom", f"{url}/ui/jobs/{job['id']}?chat={quote(message)}{fragment}")
+    openai = OpenAI(base_url=f"{url}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=300)
+    for model, element in ((job["model"], "chat-base"), (job["fine_tuned_model"], "chat-tuned")):
+        expected = openai.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
+                                                  max_tokens=64, temperature=0).choices[0].message.content
+        shown = re.search(rf'<pre id="{element}"[^>]*data-done="1"[^>]*>(.*?)</pre>', chatted, re.S)
+        assert shown and shown.group(1) == html.escape(expected, quote=False), (element, expected)
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "ui-job.png"
     _chromium(f"--screenshot={shot}", page_url)

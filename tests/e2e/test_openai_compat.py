@@ -124,5 +124,22 @@ def test_the_openai_client_runs_a_fine_tuning_job(service, tmp_path):
         other.chat.completions.create(model=job.fine_tuned_model, messages=prompt)
     assert missing.value.body["code"] == "model_not_found"
 
+    # A merged export, written by its own Ray Job: plain transformers loads it, with the logits
+    # of base + adapter (fp32, atol 1e-4).
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    with Client(base_url=service["url"], api_key=ADMIN_KEY, max_retries=0) as ours_client:
+        export = ours_client.jobs.wait_export(job.id, timeout_s=300)
+        assert export.status == "succeeded", export.error
+        ours_client.jobs.download(job.id, tmp_path / "merged", merged=True)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    base_dir = BUNDLED_ASSETS / "models" / "tiny-llama"
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), str(tmp_path / "adapter"))
+    ids = torch.tensor([[1, 15, 27, 99, 4, 250, 31]])
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, tuned(ids).logits, atol=1e-4, rtol=0)
+
     with pytest.raises(NotFoundError):
         client.fine_tuning.jobs.retrieve("ftjob-doesnotexist")
