@@ -174,7 +174,7 @@ class Engine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from eft.training.chat import _end_of_turn, has_chat_template
+        from eft.training.chat import stop_token_ids
 
         # A folder of this engine's own: the copies in it are deleted with the adapters.
         self.cache_dir = Path(cache_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -185,19 +185,7 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
         self.context = context_length(self.model.config, self.tokenizer)
-        eos = self.model.generation_config.eos_token_id
-        self.stop_ids = {*([eos] if isinstance(eos, int) else eos or [])}
-        if self.tokenizer.eos_token_id is not None:
-            self.stop_ids.add(self.tokenizer.eos_token_id)
-        if has_chat_template(self.tokenizer):
-            # The template's end-of-turn text (<|eot_id|>, <|im_end|>, <end_of_turn>, ...) ends a
-            # reply when it is one token, whatever the model's generation config says.
-            try:
-                turn_end = self.tokenizer(_end_of_turn(self.tokenizer, None), add_special_tokens=False)["input_ids"]
-            except Exception:  # noqa: BLE001 - a template the probe cannot follow: EOS only
-                turn_end = []
-            if len(turn_end) == 1:
-                self.stop_ids.add(turn_end[0])
+        self.stop_ids = set(stop_token_ids(self.tokenizer, self.model.generation_config))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
         self.peft: Any = None
         self.adapters: OrderedDict[str, str] = OrderedDict()  # model id -> PEFT adapter name

@@ -269,3 +269,21 @@ def tokenize_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any
     encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     mask = label_mask(encoded["offset_mapping"], [(s.start, s.end) for s in spans])
     return list(encoded["input_ids"]), mask
+
+
+def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
+    """The tokens that end a reply: the model's end-of-sequence tokens (its generation config's
+    and the tokenizer's), and the chat template's end-of-turn token (`<|eot_id|>`, `<|im_end|>`,
+    `<end_of_turn>`, ...) when that is one token."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    stops = {*([eos] if isinstance(eos, int) else eos or [])}
+    if tokenizer.eos_token_id is not None:
+        stops.add(tokenizer.eos_token_id)
+    if has_chat_template(tokenizer):
+        try:
+            turn_end = tokenizer(_end_of_turn(tokenizer, None), add_special_tokens=False)["input_ids"]
+        except Exception:  # noqa: BLE001 - a template the probe cannot follow: EOS only
+            turn_end = []
+        if len(turn_end) == 1:
+            stops.add(turn_end[0])
+    return sorted(stops)

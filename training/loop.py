@@ -514,9 +514,11 @@ class Recipe:
         FSDP and ZeRO-3 a forward pass is a collective, and generation lengths differ."""
         if not self.eval_prompts or self.rank != 0 or self.sink is None or self.cfg.strategy in ("fsdp", "zero3"):
             return
+        from eft.training.chat import stop_token_ids
+
         model = self.strategy.module
         model.eval()
-        stops = [t for t in {self.tokenizer.eos_token_id, self.pad_id} if t is not None]
+        stops = stop_token_ids(self.tokenizer, getattr(model, "generation_config", None))
         samples = []
         try:
             for prompt, reference in self.eval_prompts:

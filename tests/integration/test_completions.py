@@ -201,3 +201,16 @@ def test_gemma_refuses_a_system_turn_and_a_server_without_model_servers_says_so(
     with TestClient(bare, headers={"Authorization": key}) as client:
         response = client.post("/v1/chat/completions", json={"model": "tiny-llama", "messages": QUESTION})
     assert response.status_code == 503 and response.json()["error"]["code"] == "inference_unavailable"
+
+
+@pytest.mark.parametrize("family,turn_end", [("tiny-qwen3", "<|im_end|>"), ("tiny-llama-3.1", "<|eot_id|>"),
+                                             ("tiny-gemma-2", "<end_of_turn>"), ("tiny-phi-3", "<|end|>")])
+def test_a_reply_ends_at_the_families_own_end_of_turn_token(family, turn_end):
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from eft.training.chat import stop_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(MODELS / family)
+    stops = stop_token_ids(tokenizer, GenerationConfig.from_pretrained(MODELS / family)
+                           if (MODELS / family / "generation_config.json").is_file() else None)
+    assert tokenizer.convert_tokens_to_ids(turn_end) in stops and tokenizer.eos_token_id in stops
