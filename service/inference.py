@@ -29,6 +29,7 @@ import re
 import shutil
 import threading
 import uuid
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,10 +146,13 @@ def _fetch(location: str, local: Path, only: tuple[str, ...] | None) -> tuple[Pa
         else:
             for name in only:
                 info = place.filesystem.get_file_info(place.child(name).path)
-                if info.type == pafs.FileType.File:
-                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                    pafs.copy_files(info.path, str(staging / name), source_filesystem=place.filesystem,
-                                    destination_filesystem=pafs.LocalFileSystem())
+                if info.type != pafs.FileType.File:
+                    if name == only[0]:
+                        raise FileNotFoundError(f"{location}/{name}")
+                    continue  # the caller tells what the missing optional file means
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                pafs.copy_files(info.path, str(staging / name), source_filesystem=place.filesystem,
+                                destination_filesystem=pafs.LocalFileSystem())
         if not any(staging.iterdir()):
             raise FileNotFoundError(location)
         staging.rename(target)
@@ -178,6 +182,9 @@ class Engine:
 
         # A folder of this engine's own: the copies in it are deleted with the adapters.
         self.cache_dir = Path(cache_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # Deleted once the engine is gone: when Serve drops the base model from the replica,
+        # requests still generating keep it (no __del__: Serve would call that at once).
+        weakref.finalize(self, shutil.rmtree, str(self.cache_dir), True)
         self.base, self.max_adapters = base, max(1, max_adapters)
         path = _hub_path(base.hub) if base.hub else base.path
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -217,29 +224,46 @@ class Engine:
         return name
 
     def _load_files(self, adapter: AdapterSource, name: str, directory: Path) -> None:
+        """Add adapter `name` from its files: its config injects its layers, then its weights
+        load into them. Whatever fails after the injection takes the adapter out again, so
+        the model is as it was (a half-loaded adapter never answers, nor stays in memory)."""
         from peft import LoraConfig, PeftModel
 
-        if adapter.kind == "checkpoint":
-            if not (directory / CHECKPOINT_FILES[1]).is_file():
+        checkpoint = adapter.kind == "checkpoint"
+        config_dir = directory / "adapter" if checkpoint else directory
+        if not (config_dir / "adapter_config.json").is_file():
+            if checkpoint:
                 raise InferenceError(409, "checkpoint_not_servable",
                                      f"checkpoint {adapter.model} holds no adapter config (it was written by an "
                                      "older version, or by a full fine-tuning job): sample the job's final model",
                                      "model")
-            config = LoraConfig.from_pretrained(str(directory / "adapter"))
-            if self.peft is None:
-                self.peft = PeftModel(self.model, config, adapter_name=name)
-            else:
-                self.peft.add_adapter(name, config)
-            self._load_trainable(directory / CHECKPOINT_FILES[0], name)
+            raise InferenceError(409, "model_not_servable",
+                                 f"{adapter.model} is not a LoRA adapter (a full fine-tuning job's model): "
+                                 "download it and serve it as a base model", "model")
+        config = LoraConfig.from_pretrained(str(config_dir))
+        config.inference_mode = True
+        if self.peft is None:
+            self.peft = PeftModel(self.model, config, adapter_name=name)
         else:
-            if not (directory / "adapter_config.json").is_file():
-                raise InferenceError(409, "model_not_servable",
-                                     f"{adapter.model} is not a LoRA adapter (a full fine-tuning job's model): "
-                                     "download it and serve it as a base model", "model")
-            if self.peft is None:
-                self.peft = PeftModel.from_pretrained(self.model, str(directory), adapter_name=name)
+            self.peft.add_adapter(name, config)
+        try:
+            if checkpoint:
+                self._load_trainable(directory / CHECKPOINT_FILES[0], name)
             else:
-                self.peft.load_adapter(str(directory), adapter_name=name)
+                self._load_adapter_weights(directory, name)
+        except BaseException:
+            self.peft.delete_adapter(name)
+            raise
+
+    def _load_adapter_weights(self, directory: Path, name: str) -> None:
+        from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self.peft, load_peft_weights(str(directory), device="cpu"),
+                                           adapter_name=name)
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if unexpected:
+            raise InferenceError(409, "model_not_servable",
+                                 f"the adapter's weights do not fit its config ({unexpected[:3]})", "model")
 
     def _load_trainable(self, path: Path, name: str) -> None:
         import torch
@@ -250,10 +274,11 @@ class Engine:
         params = dict(self.peft.named_parameters())
         renamed = {_ADAPTER_SUFFIX.sub(f".{name}", key): value for key, value in state.items()}
         unknown = [key for key in renamed if key not in params]
-        if unknown:
-            self.peft.delete_adapter(name)
+        missing = [key for key in params if f".{name}." in key and key not in renamed]
+        if unknown or missing:
             raise InferenceError(409, "checkpoint_not_servable",
-                                 f"the checkpoint's weights do not fit its adapter config ({unknown[:3]})", "model")
+                                 f"the checkpoint's weights do not fit its adapter config ({(unknown or missing)[:3]})",
+                                 "model")
         with torch.no_grad():
             for key, value in renamed.items():
                 params[key].copy_(value.to(params[key].dtype))
@@ -277,8 +302,6 @@ class Engine:
     def loaded(self) -> list[str]:
         return list(self.adapters)
 
-    def __del__(self) -> None:  # Serve calls it when it drops the base model from a replica
-        shutil.rmtree(getattr(self, "cache_dir", ""), ignore_errors=True)
 
     # -- requests ---------------------------------------------------------------------------
     def prompt_ids(self, request: Request) -> list[int]:
@@ -320,9 +343,14 @@ class Engine:
         InferenceError before the first delta for a request it refuses. Closing the iterator
         stops the generation."""
         ids = self.prompt_ids(request)
+        if not ids:
+            raise InferenceError(400, "empty_prompt", "the prompt has no tokens: give some text to continue",
+                                 "messages" if request.messages is not None else "prompt")
         max_tokens = self.budget(request, len(ids), default_max_tokens)
         cancelled = cancelled or threading.Event()
         with self.lock:
+            if cancelled.is_set():  # the caller left while it waited its turn
+                return
             self._select(adapter)
             yield from self._generate(adapter, ids, max_tokens, request, cancelled)
 

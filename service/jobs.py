@@ -189,7 +189,7 @@ class JobService:
                   if isinstance((c.get("metrics") or {}).get("best_step"), (int, float))]
         kept = [c for c in found if c["available"] and isinstance(c["eval_loss"], (int, float))]
         best = next((c for c in kept if judged and c["step"] == int(judged[-1])), None)
-        if best is None and not judged:
+        if best is None:  # that one was pruned, or evaluations fell between checkpoints
             best = min(kept, key=lambda c: (c["eval_loss"], c["step"]), default=None)
         for c in found:
             c["best"] = c is best
@@ -201,11 +201,17 @@ class JobService:
         job = self.store.get_job(job_id, tenant)
         events, _ = self.store.list_events(job.id, limit=100_000, types=[exports.STARTED, exports.DONE, exports.FAILED])
         found = exports.exports_from_events(job.id, [vars(e) for e in events])
-        for export in found:
-            if export["status"] == "running" and export.get("ray_submission_id"):
-                state = self.launcher.state(export["ray_submission_id"])
-                if state in (RayJobState.FAILED, RayJobState.STOPPED, RayJobState.MISSING, RayJobState.SUCCEEDED):
-                    export.update(status="failed", error=f"its Ray Job ended ({state}) without writing the model")
+        ended = {e["id"]: self.launcher.state(e["ray_submission_id"]) for e in found
+                 if e["status"] == "running" and e.get("ray_submission_id")}
+        ended = {k: v for k, v in ended.items() if v in RayJobState.TERMINAL}
+        if ended:  # read again: an export that finished meanwhile has said so by now
+            events, _ = self.store.list_events(job.id, limit=100_000,
+                                               types=[exports.STARTED, exports.DONE, exports.FAILED])
+            found = exports.exports_from_events(job.id, [vars(e) for e in events])
+            for export in found:
+                if export["status"] == "running" and export["id"] in ended:
+                    export.update(status="failed",
+                                  error=f"its Ray Job ended ({ended[export['id']]}) without writing the model")
         if job.status is JobStatus.succeeded and job.artifact_path:
             found.insert(0, {"object": "export", "id": 0, "job_id": job.id, "kind": "adapter", "status": "succeeded",
                              "path": job.artifact_path, "error": None, "created_at": job.finished_at,

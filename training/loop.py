@@ -406,7 +406,7 @@ class Recipe:
         self.strategy.model.train()
         self.last_checkpoint_at = time.monotonic()
         check_every, next_check = 1, self.step + 1
-        while self.step < cfg.total_steps:
+        while self.step < cfg.total_steps and not self.stopped_early:
             grad_norm = self.train_step(window)
             # Step 1 always reports: the first loss shows at once, and the first (warm-up) step's
             # time stays apart from the steady state's.
@@ -504,6 +504,11 @@ class Recipe:
         best = state.get("eval") or {}
         self.best_eval_loss = float(best.get("best_eval_loss", math.inf))
         self.best_step, self.bad_evals = int(best.get("best_step", 0)), int(best.get("bad_evals", 0))
+        # Patience ran out at the checkpoint's step (a preemption came with the stopping
+        # evaluation): the resumed run trains no further.
+        patience = self.cfg.early_stopping_patience
+        self.stopped_early = bool(patience) and self.bad_evals >= patience
+        self.last_eval_step = int(state["step"]) if self.stopped_early else -1
         if self.rank == 0 and (directory / BEST_FILE).is_file():
             self.best_state = checkpoint.load_trainable(directory, BEST_FILE)
 

@@ -12,6 +12,7 @@ HTTP error in the envelope even for a streamed request.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from typing import Any, AsyncIterator
@@ -29,6 +30,7 @@ from eft.types.openai import (
 )
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+log = logging.getLogger("eft.api.completions")
 
 
 class InferenceUnavailable(ServiceError):
@@ -104,6 +106,8 @@ async def _collect(items: AsyncIterator[dict[str, Any]]) -> tuple[str, str, Usag
 
 async def _stream_failure(exc: Exception) -> str:
     # A failure after the stream started: the status line is sent, so the error goes as an event.
+    if not isinstance(exc, ServiceError):
+        log.exception("a completion stream failed", exc_info=exc)
     return _sse({"error": {"type": "server_error", "code": getattr(exc, "code", "generation_failed"),
                            "message": str(exc), "param": None}})
 
@@ -142,7 +146,7 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, service
                     yield chunk(ChunkDelta(), reason=item["finish_reason"])
                     if include_usage:
                         yield chunk(ChunkDelta(), usage=Usage(**item["usage"]), choices=False)
-        except ServiceError as exc:
+        except Exception as exc:  # noqa: BLE001 - a replica lost mid-stream, a refusal: an error event
             yield await _stream_failure(exc)
         yield _sse("[DONE]")
 
@@ -179,7 +183,7 @@ async def completions(body: CompletionCreate, request: Request, service: JobServ
                     yield chunk("", reason=item["finish_reason"])
                     if include_usage:
                         yield chunk("", usage=Usage(**item["usage"]), choices=False)
-        except ServiceError as exc:
+        except Exception as exc:  # noqa: BLE001 - a replica lost mid-stream, a refusal: an error event
             yield await _stream_failure(exc)
         yield _sse("[DONE]")
 

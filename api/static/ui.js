@@ -269,15 +269,16 @@ function setupChat(job, checkpoints) {
     const f = new FormData(form);
     const maxTokens = Number(f.get("max_tokens")) || 64;
     document.getElementById("chat-tuned-title").textContent = `Fine-tuned: ${f.get("model")}`;
-    try {
-      await Promise.all([
-        streamChat(job.model, f.get("message"), maxTokens, document.getElementById("chat-base")),
-        streamChat(f.get("model"), f.get("message"), maxTokens, document.getElementById("chat-tuned")),
-      ]);
-      showError(null);
-    } catch (error) {
-      showError(error);
-    }
+    // Each column on its own: a base model the servers do not hold shows its error there,
+    // and the fine-tuned answer still comes.
+    const columns = [[job.model, "chat-base"], [f.get("model"), "chat-tuned"]];
+    await Promise.allSettled(columns.map(([model, id]) => {
+      const target = document.getElementById(id);
+      return streamChat(model, f.get("message"), maxTokens, target).catch((error) => {
+        target.textContent = String(error.message || error);
+        target.dataset.error = "1";
+      });
+    }));
   });
   // `?chat=<message>` in the page's address sends it at once (a link that shows a comparison).
   const message = new URLSearchParams(location.search).get("chat");

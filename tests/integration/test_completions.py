@@ -178,6 +178,20 @@ def test_stop_strings_seeds_text_completions_and_refusals(env):
     with pytest.raises(BadRequestError) as err:
         acme.chat.completions.create(model="tiny-llama", messages=QUESTION, max_tokens=context)
     assert err.value.body["param"] == "messages"
+    # An adapter whose weights do not load answers with an error and leaves the model as it
+    # was: no half-loaded adapter stays, and the base model answers as before.
+    from openai import InternalServerError
+
+    broken, _, _ = _job(clients["acme"], store, "tiny-llama", tmp / "broken", 3, "broken")
+    (tmp / "broken" / "published" / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(InternalServerError) as err:
+        acme.chat.completions.create(model=broken["fine_tuned_model"], messages=QUESTION, max_tokens=4)
+    assert err.value.body["code"] == "generation_failed"
+    engine = models.engines[str(MODELS / "tiny-llama")]
+    assert broken["fine_tuned_model"] not in engine.loaded()
+    assert not any(n for n in engine.peft.peft_config if n not in engine.adapters.values())
+    base_reply = acme.completions.create(model="tiny-llama", prompt="The cat", max_tokens=24, temperature=0)
+    assert base_reply.choices[0].text == reference_reply(MODELS / "tiny-llama", None, prompt="The cat", max_new_tokens=24)
     # Parameters the service does not take: 422 naming each.
     for extra, param in (({"n": 2}, "n"), ({"temperature": 2.5}, "temperature"), ({"stop": ["a"] * 5}, "stop")):
         with pytest.raises(UnprocessableEntityError) as err:

@@ -57,7 +57,7 @@ def test_defaults_echo_and_the_best_checkpoint_is_the_one_the_job_judged_best(se
     checkpoints = {c["step"]: c for c in client.get(f"/jobs/{job['id']}/checkpoints").json()["data"]}
     assert [s for s, c in checkpoints.items() if c["best"]] == [2]
     assert checkpoints[4]["eval_loss"] == 2.99 and checkpoints[7]["eval_loss"] is None
-    # Once step 2 is pruned, no kept checkpoint is the judged best: none is marked.
+    # Once step 2 is pruned, the kept checkpoint with the lowest loss is marked.
     (tmp_path / "ckpt-2").rmdir()
     checkpoints = client.get(f"/jobs/{job['id']}/checkpoints").json()["data"]
-    assert not any(c["best"] for c in checkpoints)
+    assert [c["step"] for c in checkpoints if c["best"]] == [4]
