@@ -301,7 +301,9 @@ def _render_chat_sample(model_path: str, path: Path, param: str, train_on: str, 
 def check_evaluation(req: JobCreate) -> list[Problem]:
     """Evaluation settings that need what the request does not give."""
     problems = []
-    asked = req.eval.model_fields_set & {"every_steps", "early_stopping_patience", "min_delta"}
+    # What the request asks for (a stored request holds every field, its defaults included).
+    asked = {name for name in ("every_steps", "early_stopping_patience") if getattr(req.eval, name) is not None}
+    asked |= {"min_delta"} if req.eval.min_delta else set()
     if not req.validation_file:
         for name in sorted(asked):
             problems.append(Problem(f"eval.{name}", "validation_file_required",

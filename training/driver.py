@@ -358,7 +358,9 @@ def run(cfg: TrainConfig, spec: RunSpec, reporter: Reporter) -> int:
         # Each attempt publishes under its own name: an attempt that went stale while it
         # finished can never replace the artifact of the attempt the job succeeded with.
         path = artifacts.publish(adapter, artifacts.destination(cfg.artifact_root, spec.job_id, spec.attempt), manifest)
-    if not reporter.succeeded(str(path), final_metrics, cfg.total_steps):
+    # An early stop ends the job before total_steps: it ends at the step it stopped at.
+    step = int(final_metrics.get("step", cfg.total_steps))
+    if not reporter.succeeded(str(path), final_metrics, step):
         log.warning("job %s moved on while attempt %s finished", spec.job_id, spec.attempt)
         return 0
     log.info("job succeeded; adapter written to %s", path)

@@ -19,6 +19,16 @@ def files(eft_home):
         (eft_home / "data" / name).write_text(json.dumps({"messages": turns}) + "\n")
 
 
+def test_a_job_without_evaluation_settings_passes_validation_as_stored(service, files):
+    """The stored request holds every field with its default: none of them asks for an eval."""
+    from tests.integration.conftest import validate_pending
+
+    client, store, settings = service
+    job = client.post("/jobs", json={"model": "tiny-llama", "training_file": "train.jsonl"}).json()
+    validate_pending(store, settings)
+    assert client.get(f"/jobs/{job['id']}").json()["status"] == "queued"
+
+
 def test_evaluation_settings_that_need_a_validation_file_or_an_adapter_are_refused(client, files):
     bad = client.post("/jobs", json={"model": "tiny-llama", "training_file": "train.jsonl", "publish": "best",
                                      "eval": {"every_steps": 5, "early_stopping_patience": 2}})
