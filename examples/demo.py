@@ -158,8 +158,8 @@ def chat_through_service(url: str, model: str, base: str, count: int = 8) -> Non
                     text += delta
         return text.strip(), first or 0.0
 
-    def opening(text: str) -> tuple[str, ...]:
-        return tuple(text.lower().split()[:3])
+    def opening(text: str) -> str:  # the reply's first word: "The ...", "28 ...", as the data's replies open
+        return (text.split() or [""])[0].lower()
 
     table = Table(title=f"chat through the service: {model} vs {base}")
     for column in ("prompt", "reference", "base", "fine-tuned"):
@@ -177,7 +177,7 @@ def chat_through_service(url: str, model: str, base: str, count: int = 8) -> Non
         table.add_row(prompt[-1]["content"], reference, plain, tuned)
     console.print(table)
     console.print(f"first chat token from the new model {first_token:.1f} s after the job finished; replies "
-                  f"opening as the reference does: fine-tuned {matches['tuned']}/{len(rows)}, base "
+                  f"opening with the reference's first word: fine-tuned {matches['tuned']}/{len(rows)}, base "
                   f"{matches['base']}/{len(rows)}")
 
 
