@@ -83,6 +83,7 @@ def to_openai_job(job: Job, tenant: str) -> FineTuningJob:
         trained_tokens=int(job.result_metrics["train_tokens"]) if "train_tokens" in job.result_metrics else None,
         error=error, seed=hp.seed, metadata=job.metadata or None, user_provided_suffix=job.name,
         result_files=[result_file_id(job.id)] if job.status is JobStatus.succeeded else [],
+        estimated_finish=_seconds(job.estimated_finish),
     )
 
 

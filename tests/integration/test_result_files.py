@@ -74,6 +74,16 @@ def test_result_files_hold_the_step_metrics_as_csv(env):
     with pytest.raises(NotFoundError):
         _openai(clients["globex"]).files.content(file_id)
 
+    # A running job's estimated finish (unix seconds), from its pace so far; none once it ended.
+    running = clients["acme"].post("/jobs", json={"model": "tiny-llama", "training_file": "chat.jsonl"}).json()
+    store.transition(running["id"], JobStatus.queued, "validated", total_steps=10)
+    store.transition(running["id"], JobStatus.running, "dispatched", attempt=1)
+    store.update_job(running["id"], attempt=1, step=1)
+    store.record_metrics(running["id"], 1, 1, {"loss": 2.0, "step_time_s": 3.0})
+    eta = acme.fine_tuning.jobs.retrieve(running["id"]).estimated_finish
+    assert eta is not None and eta >= acme.fine_tuning.jobs.retrieve(running["id"]).created_at + 27
+    assert acme.fine_tuning.jobs.retrieve(job["id"]).estimated_finish is None
+
     # The reporter writes it as the job succeeds.
     second = clients["acme"].post("/jobs", json={"model": "tiny-llama", "training_file": "chat.jsonl"}).json()
     _run(store, second["id"], StoreReporter(settings.resolved_database_url, second["id"], 1, store=store))
