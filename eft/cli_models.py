@@ -67,15 +67,22 @@ def jobs_download(ctx: typer.Context, job_id: JobId,
 
 def jobs_export(ctx: typer.Context, job_id: JobId,
                 wait: Annotated[bool, typer.Option("--wait", help="Wait until it is written.")] = False,
+                adapter: Annotated[bool, typer.Option("--adapter", help="The adapter as it is, not merged "
+                                                      "(with --hub-repo).")] = False,
+                hub_repo: Annotated[str | None, typer.Option(help="Also push it to this Hugging Face Hub "
+                                                             "repository (org/name).")] = None,
                 as_json: AsJson = False) -> None:
-    """Export a succeeded job's model merged into its base (safetensors, the base's dtype):
-    `eft jobs export ftjob-... --wait`, then `eft jobs download ftjob-... --merged -o DIR`."""
+    """Export a succeeded job's model merged into its base (safetensors, the base's dtype), or
+    push it to the Hub: `eft jobs export ftjob-... --wait [--hub-repo org/name [--adapter]]`,
+    then `eft jobs download ftjob-... --merged -o DIR`."""
     client = _client(ctx)
-    export = client.jobs.wait_export(job_id) if wait else client.jobs.export(job_id)
+    kind = "adapter" if adapter else "merged"
+    export = (client.jobs.wait_export(job_id, kind, hub_repo=hub_repo) if wait
+              else client.jobs.export(job_id, kind, hub_repo))
     if as_json:
         return _emit_json(export)
     out.print(_table("", "", rows=[("export", export.id), ("status", export.status), ("path", export.path),
-                                   ("error", export.error or "")]))
+                                   ("hub", export.hub_url or export.hub_repo or ""), ("error", export.error or "")]))
 
 
 COMMANDS["jobs download"] = jobs_download

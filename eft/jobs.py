@@ -126,21 +126,24 @@ class Jobs:
 
         return download(self._client, job_id, dest, checkpoint, "merged" if merged else None)
 
-    def export(self, job_id: str, kind: str = "merged") -> Export:
-        """Start exporting the job's model (`merged`: base + adapter as one model); returns the
-        export (the one already running or written, if any)."""
-        return self._client._request("POST", f"/jobs/{job_id}/export", cast=Export, json={"kind": kind})
+    def export(self, job_id: str, kind: str = "merged", hub_repo: str | None = None,
+               hub_private: bool = True) -> Export:
+        """Start exporting the job's model (`merged`: base + adapter as one model), and pushing
+        it to the Hugging Face Hub repository `hub_repo` if given; returns the export (the one
+        already running or done, if any)."""
+        return self._client._request("POST", f"/jobs/{job_id}/export", cast=Export,
+                                     json={"kind": kind, "hub_repo": hub_repo, "hub_private": hub_private})
 
     def exports(self, job_id: str) -> ExportList:
         """The job's exports and their status."""
         return self._client._request("GET", f"/jobs/{job_id}/exports", cast=ExportList)
 
     def wait_export(self, job_id: str, kind: str = "merged", poll_interval_s: float = 1.0,
-                    timeout_s: float | None = None) -> Export:
+                    timeout_s: float | None = None, hub_repo: str | None = None) -> Export:
         """Export (if not yet asked) and poll until the export of `kind` has succeeded or
         failed; returns it. Raises `WaitTimeoutError` past `timeout_s`."""
         started = time.monotonic()
-        export = self.export(job_id, kind)
+        export = self.export(job_id, kind, hub_repo)
         while export.status == "running":
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise WaitTimeoutError(f"export {export.id} of {job_id} still running after {timeout_s} s")
@@ -240,16 +243,18 @@ class AsyncJobs:
 
         return await download_async(self._client, job_id, dest, checkpoint, "merged" if merged else None)
 
-    async def export(self, job_id: str, kind: str = "merged") -> Export:
-        return await self._client._request("POST", f"/jobs/{job_id}/export", cast=Export, json={"kind": kind})
+    async def export(self, job_id: str, kind: str = "merged", hub_repo: str | None = None,
+                     hub_private: bool = True) -> Export:
+        return await self._client._request("POST", f"/jobs/{job_id}/export", cast=Export,
+                                           json={"kind": kind, "hub_repo": hub_repo, "hub_private": hub_private})
 
     async def exports(self, job_id: str) -> ExportList:
         return await self._client._request("GET", f"/jobs/{job_id}/exports", cast=ExportList)
 
     async def wait_export(self, job_id: str, kind: str = "merged", poll_interval_s: float = 1.0,
-                          timeout_s: float | None = None) -> Export:
+                          timeout_s: float | None = None, hub_repo: str | None = None) -> Export:
         started = time.monotonic()
-        export = await self.export(job_id, kind)
+        export = await self.export(job_id, kind, hub_repo)
         while export.status == "running":
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise WaitTimeoutError(f"export {export.id} of {job_id} still running after {timeout_s} s")

@@ -1,9 +1,11 @@
 """Exports of a succeeded job's model: `merged` (the adapter folded into the base model's
 weights, in the base model's dtype, as safetensors with its tokenizer and config: a model that
-plain transformers loads and any server runs) or `adapter` (the published PEFT adapter as it is).
+plain transformers loads and any server runs) or `adapter` (the published PEFT adapter as it is),
+either one also pushed to a Hugging Face Hub repository with the operator's token (`HF_TOKEN`
+in the service's environment or secrets file; never stored, never sent through Ray).
 
-A merged export runs as a Ray Job of its own (the service's API replica imports no torch):
-    python -m eft.service.exports --job-id ftjob-... --export-id <n>
+A merged export (and any push) runs as a Ray Job of its own (the API replica imports no torch):
+    python -m eft.service.exports --job-id ftjob-... --export-id <n> [--kind K] [--hub-repo R]
 It loads the base model on the CPU, merges the adapter with PEFT's `merge_and_unload`, and
 publishes the directory next to the job's artifact (`<artifact>.merged`) with the same atomic
 publish as the artifact itself. Its progress is the job's events (`export_started`,
@@ -13,12 +15,14 @@ publish as the artifact itself. Its progress is the job's events (`export_starte
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from eft.types.jobs import JobStatus
 
@@ -44,18 +48,38 @@ def exports_from_events(job_id: str, events: list[dict[str, Any]]) -> list[dict[
         export = found.setdefault(int(data["export_id"]), {
             "object": "export", "id": int(data["export_id"]), "job_id": job_id, "kind": data.get("kind", "merged"),
             "status": "running", "path": data.get("path"), "error": None, "created_at": event["created_at"],
-            "finished_at": None, "ray_submission_id": data.get("ray_submission_id")})
+            "finished_at": None, "ray_submission_id": data.get("ray_submission_id"),
+            "hub_repo": data.get("hub_repo"), "hub_url": None})
         if event["type"] == DONE:
             export.update(status="succeeded", path=data.get("path"), finished_at=event["created_at"],
-                          bytes=data.get("bytes"))
+                          bytes=data.get("bytes"), hub_url=data.get("hub_url"))
         elif event["type"] == FAILED:
             export.update(status="failed", error=event["message"], finished_at=event["created_at"])
     return sorted(found.values(), key=lambda e: e["id"])
 
 
-def write_merged(base: str, hub: dict[str, Any] | None, adapter: str, target: str, manifest: dict[str, Any]) -> int:
+def hub_token() -> str | None:
+    """The operator's Hugging Face token, from this process's environment (or the secrets file
+    it loaded): never stored by the service, never sent through Ray."""
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def push_to_hub(folder: Path, repo: str, private: bool, endpoint: str | None, message: str) -> str:
+    """Upload `folder` to the model repository `repo` (created if needed, private unless told
+    otherwise) with the operator's token. Returns the commit's URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=endpoint or None, token=hub_token())
+    api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+    return str(api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message=message,
+                                 ignore_patterns=["eft_commit.json"]).commit_url)
+
+
+def write_merged(base: str, hub: dict[str, Any] | None, adapter: str, target: str, manifest: dict[str, Any],
+                 push: Callable[[Path], str] | None = None) -> tuple[int, str | None]:
     """Merge the adapter at `adapter` (any storage) into the base model and publish the result
-    at `target` (any storage). Returns the bytes written."""
+    at `target` (any storage), then hand the folder to `push` (the Hub) if given. Returns the
+    bytes written and what `push` returned."""
     import torch
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -78,49 +102,84 @@ def write_merged(base: str, hub: dict[str, Any] | None, adapter: str, target: st
         tokenizer_source = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else Path(path)
         AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(out)
         written = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-        publish(out, target, {**manifest, "kind": "merged", "dtype": str(dtype).removeprefix("torch.")})
-        return written
+        full_manifest = {**manifest, "kind": "merged", "dtype": str(dtype).removeprefix("torch.")}
+        publish(out, target, full_manifest)
+        if push is None:
+            return written, None
+        (out / "eft_manifest.json").write_text(json.dumps(full_manifest, indent=2, default=str))
+        return written, push(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(job_id: str, export_id: int) -> int:
-    """The Ray Job of one merged export: reads the job, merges, records the outcome."""
+def push_adapter(adapter: str, push: Callable[[Path], str]) -> str:
+    """Push the published adapter at `adapter` (any storage) with `push`."""
+    from eft.service.inference import _fetch
+
+    work = Path(tempfile.mkdtemp(prefix="eft-export-"))
+    try:
+        directory, _ = _fetch(adapter, work, None)
+        return push(directory)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None = None,
+        hub_private: bool = True) -> int:
+    """The Ray Job of one export: reads the job, merges (kind "merged") and pushes to the Hub
+    (with `hub_repo`), and records the outcome."""
     from eft.service import credentials, jsonlog
     from eft.service.settings import get_settings
     from eft.service.store import Store
 
     jsonlog.configure()
     credentials.load()
-    store = Store(get_settings().resolved_database_url)
+    settings = get_settings()
+    store = Store(settings.resolved_database_url)
     try:
         job = store.get_job(job_id)
         config = job.config or {}
         assert job.status is JobStatus.succeeded and job.artifact_path
-        target = destination(job.artifact_path, "merged")
-        data = {"export_id": export_id, "kind": "merged"}
+        data: dict[str, Any] = {"export_id": export_id, "kind": kind, "hub_repo": hub_repo}
+        push = None
+        if hub_repo:
+            def push(folder: Path) -> str:
+                return push_to_hub(folder, hub_repo, hub_private, settings.hub_endpoint,
+                                   f"{kind} model of fine-tuning job {job.id}")
         try:
-            written = write_merged(config.get("model_path") or job.request["model"], config.get("hub"),
-                                   job.artifact_path, target,
-                                   {"job_id": job.id, "base_model": job.request["model"], "adapter": job.artifact_path})
+            if kind == "merged":
+                target = destination(job.artifact_path, "merged")
+                written, hub_url = write_merged(
+                    config.get("model_path") or job.request["model"], config.get("hub"), job.artifact_path, target,
+                    {"job_id": job.id, "base_model": job.request["model"], "adapter": job.artifact_path}, push)
+                data.update(path=target, bytes=written)
+            else:
+                assert push is not None
+                hub_url = push_adapter(job.artifact_path, push)
+                data.update(path=job.artifact_path)
         except Exception as exc:  # noqa: BLE001 - recorded on the job for its owner to read
             log.exception("export %s of %s failed", export_id, job_id)
-            store.append_event(job_id, FAILED, f"merged export failed: {type(exc).__name__}: {exc}", data=data,
+            store.append_event(job_id, FAILED, f"{kind} export failed: {type(exc).__name__}: {exc}", data=data,
                                level="error")
             return 1
-        store.append_event(job_id, DONE, f"merged model written to {target}",
-                           data={**data, "path": target, "bytes": written})
+        if hub_url:
+            data["hub_url"] = hub_url
+        where = f"pushed to {hub_repo}" if hub_repo else f"written to {data['path']}"
+        store.append_event(job_id, DONE, f"{kind} model {where}", data=data)
         return 0
     finally:
         store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write a merged export of a succeeded job's model.")
+    parser = argparse.ArgumentParser(description="Export a succeeded job's model (merge, push to the Hub).")
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--export-id", type=int, required=True)
+    parser.add_argument("--kind", choices=KINDS, default="merged")
+    parser.add_argument("--hub-repo")
+    parser.add_argument("--hub-public", action="store_true")
     args = parser.parse_args(argv)
-    return run(args.job_id, args.export_id)
+    return run(args.job_id, args.export_id, args.kind, args.hub_repo, not args.hub_public)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from eft.types.jobs import (
     JobStatus,
 )
 from eft.service.auth import Principal
-from eft.service.errors import Conflict, JobNotFound, ModelNotFound
+from eft.service.errors import Conflict, JobNotFound, ModelNotFound, ServiceError
 from eft.service.file_checks import check_job_files
 from eft.service.files import FileStore
 from eft.service.inference import AdapterSource, BaseSource
@@ -218,10 +218,13 @@ class JobService:
                              "finished_at": job.finished_at})
         return found
 
-    def export(self, job_id: str, tenant: str | None, kind: str) -> tuple[dict[str, Any], bool]:
-        """Export the job's model as `kind` ("merged" or "adapter"). Returns (the export, whether
-        this call started it): a merged export already running or written is returned as it is.
-        Raises Conflict (409) for a job that has not succeeded."""
+    def export(self, job_id: str, tenant: str | None, kind: str, hub_repo: str | None = None,
+               hub_private: bool = True) -> tuple[dict[str, Any], bool]:
+        """Export the job's model as `kind` ("merged" or "adapter"), and push it to the Hub
+        repository `hub_repo` if given. Returns (the export, whether this call started it): an
+        export of the same kind and repository already running or done is returned as it is.
+        Raises Conflict (409) for a job that has not succeeded, ServiceError (400) for a push
+        the operator gave no Hub token for."""
         job = self.store.get_job(job_id, tenant)
         if job.status is not JobStatus.succeeded or not job.artifact_path:
             raise Conflict(f"job {job.id} is {job.status.value}: only a succeeded job's model can be exported",
@@ -229,14 +232,20 @@ class JobService:
         if (job.config or {}).get("method") == "full" and kind == "merged":
             raise Conflict(f"job {job.id} trained the whole model: its artifact is already a full model; download it",
                            code="nothing_to_merge", param="kind")
+        if hub_repo and not exports.hub_token():
+            raise ServiceError("this server has no Hugging Face token: the operator sets HF_TOKEN in the service's "
+                               "environment or secrets file to let jobs push to the Hub", param="hub_repo",
+                               code="hub_token_missing")
         known = self.exports(job.id, tenant)
         for export in reversed(known):
-            if export["kind"] == kind and export["status"] in ("running", "succeeded"):
+            if (export["kind"] == kind and export.get("hub_repo") == hub_repo
+                    and export["status"] in ("running", "succeeded")):
                 return export, False
         export_id = max((e["id"] for e in known), default=0) + 1
-        submission_id = self.launcher.submit_export(job.id, export_id)
-        self.store.append_event(job.id, exports.STARTED, f"merged export {export_id} started", data={
-            "export_id": export_id, "kind": kind, "path": exports.destination(job.artifact_path, kind),
+        submission_id = self.launcher.submit_export(job.id, export_id, kind, hub_repo, hub_private)
+        path = exports.destination(job.artifact_path, kind) if kind == "merged" else job.artifact_path
+        self.store.append_event(job.id, exports.STARTED, f"{kind} export {export_id} started", data={
+            "export_id": export_id, "kind": kind, "path": path, "hub_repo": hub_repo,
             "ray_submission_id": submission_id})
         return next(e for e in self.exports(job.id, tenant) if e["id"] == export_id), True
 

@@ -34,7 +34,8 @@ class RayJobState:
 
 class Launcher(Protocol):
     def submit(self, job_id: str, attempt: int, name: str | None) -> bool: ...
-    def submit_export(self, job_id: str, export_id: int) -> str: ...
+    def submit_export(self, job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None = None,
+                      hub_private: bool = True) -> str: ...
     def state(self, submission_id: str) -> str: ...
     def stop(self, submission_id: str) -> None: ...
     def logs(self, submission_id: str) -> str: ...
@@ -107,10 +108,14 @@ class RayJobsLauncher:
             raise
         return True
 
-    def submit_export(self, job_id: str, export_id: int) -> str:
-        """Start the Ray Job that writes a merged export of a succeeded job's model
-        (service/exports.py). Returns its submission id."""
+    def submit_export(self, job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None = None,
+                      hub_private: bool = True) -> str:
+        """Start the Ray Job that exports a succeeded job's model (service/exports.py): merges
+        it, pushes it to the Hub, or both. Returns its submission id."""
         submission_id = f"{job_id}-export-{export_id}"
+        options = f" --kind {shlex.quote(kind)}"
+        if hub_repo:
+            options += f" --hub-repo {shlex.quote(hub_repo)}" + ("" if hub_private else " --hub-public")
         env = self.settings.driver_environment()
         runtime_env: dict[str, object] = {"env_vars": env}
         if credentials.FILE_VAR in env:
@@ -118,7 +123,7 @@ class RayJobsLauncher:
         try:
             self.client.submit_job(
                 entrypoint=(f"{shlex.quote(sys.executable)} -m eft.service.exports "
-                            f"--job-id {shlex.quote(job_id)} --export-id {int(export_id)}"),
+                            f"--job-id {shlex.quote(job_id)} --export-id {int(export_id)}{options}"),
                 submission_id=submission_id, runtime_env=runtime_env,
                 metadata={"eft_job_id": job_id, "eft_export_id": str(export_id),
                           "job_name": f"merged export of {job_id}"},

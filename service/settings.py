@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     max_file_bytes_per_tenant: int = Field(
         20 * 1024**3, ge=1, description="Bytes of uploads a tenant may keep (413 past it)."
     )
+    hub_endpoint: str | None = Field(
+        None, description="The Hugging Face Hub exports push to (default: huggingface.co; a private Hub's URL)."
+    )
     inference_start_timeout_s: float = Field(
         120.0, gt=0, description="How long a completion request waits for a model server replica "
         "(one starts when none runs: they scale to zero when idle) before it answers 503 with "
@@ -242,6 +245,8 @@ class Settings(BaseSettings):
         }
         if self.database_url:
             env["EFT_DATABASE_URL_REDACTED"] = redacted_url(self.database_url)
+        if self.hub_endpoint:  # where exports push (the token comes from the node or the secrets file)
+            env["EFT_HUB_ENDPOINT"] = self.hub_endpoint
         if self.secrets_file:
             env[credentials.FILE_VAR] = str(self.secrets_file)
         # Read by the driver's telemetry to compute MFU.

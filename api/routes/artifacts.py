@@ -66,8 +66,11 @@ def export_model(job_id: str, service: JobServiceDep, tenant: CurrentTenant, res
     """Export a succeeded job's model: `merged` (base + adapter in the base model's dtype, as
     safetensors with tokenizer and config; written by a Ray Job next to the artifact) or
     `adapter`. 202 with the export while it runs; 200 with the one already running or written;
-    409 `job_not_succeeded` naming the job's status otherwise."""
-    export, started = service.export(job_id, tenant, (body or ExportCreate()).kind)
+    409 `job_not_succeeded` naming the job's status otherwise. With `hub_repo`, the Ray Job
+    also pushes it to that Hugging Face Hub repository with the operator's token (400
+    `hub_token_missing` when the operator gave none)."""
+    body = body or ExportCreate()
+    export, started = service.export(job_id, tenant, body.kind, body.hub_repo, body.hub_private)
     if not started and export["status"] == "succeeded":
         response.status_code = 200
     return Export(**export)

@@ -443,6 +443,11 @@ class ExportCreate(_Request):
     kind: Literal["merged", "adapter"] = Field(
         "merged", description="merged: the adapter folded into the base model's weights, in its dtype, as "
         "safetensors with tokenizer and config; adapter: the PEFT adapter as published.")
+    hub_repo: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", max_length=200,
+        description="Also push it to this Hugging Face Hub model repository (created if needed), with the "
+        "token the operator gave the service.")
+    hub_private: bool = Field(True, description="Create the Hub repository private.")
 
 
 class Export(_Response):
@@ -456,6 +461,8 @@ class Export(_Response):
     bytes: int | None = None
     created_at: datetime | None = None
     finished_at: datetime | None = None
+    hub_repo: str | None = None
+    hub_url: str | None = Field(None, description="The Hub commit that holds it, once pushed.")
 
 
 class ExportList(ListResponse):

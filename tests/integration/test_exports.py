@@ -2,11 +2,16 @@
 transformers loads with the same logits as base + adapter (fp32, atol 1e-4), downloaded through
 the API and checked; the adapter export; 409 naming the status of a job that did not succeed.
 The merge runs in-process here, as the Ray Job the launcher submits would run it (the Ray path
-is in tests/e2e/test_openai_compat.py)."""
+is in tests/e2e/test_openai_compat.py). Pushes go to a Hub on loopback that speaks the parts of
+the Hub's HTTP API `huggingface_hub` uses for a commit of regular files (create repo, preupload,
+commit), through the real `huggingface_hub` client."""
 
 from __future__ import annotations
 
+import base64
+import http.server
 import json
+import threading
 
 import pytest
 import torch
@@ -28,8 +33,9 @@ BASE = BUNDLED_ASSETS / "models" / "tiny-qwen3"
 class InProcessExports(RayJobsLauncher):
     """Runs the export's Ray Job entrypoint in this process instead of submitting it."""
 
-    def submit_export(self, job_id: str, export_id: int) -> str:
-        self.pending = (job_id, export_id)
+    def submit_export(self, job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None = None,
+                      hub_private: bool = True) -> str:
+        self.pending = (job_id, export_id, kind, hub_repo, hub_private)
         return f"{job_id}-export-{export_id}"
 
     def state(self, submission_id: str) -> str:
@@ -112,3 +118,88 @@ def test_a_merged_export_loads_with_plain_transformers_and_gives_base_plus_adapt
     assert not torch.allclose(got, base, atol=1e-2)  # the adapter changed something
     manifest = json.loads((tmp_path / "merged" / "eft_manifest.json").read_text())
     assert manifest["kind"] == "merged" and manifest["job_id"] == job["id"] and manifest["dtype"] == "float32"
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """The Hub's repo-create, preupload and commit endpoints, keeping what was committed."""
+
+    token, repos, commits = "hf_test_token", {}, {}
+
+    def _answer(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.headers.get("Authorization") != f"Bearer {self.token}":
+            return self._answer(401, {"error": "Invalid credentials"})
+        base = f"http://{self.headers['Host']}"
+        if self.path == "/api/validate-yaml":  # the model card's metadata (PEFT writes a README.md)
+            return self._answer(200, {"errors": [], "warnings": []})
+        if self.path == "/api/repos/create":
+            request = json.loads(body)
+            repo = f"{request['organization']}/{request['name']}" if request.get("organization") else request["name"]
+            self.repos[repo] = request
+            return self._answer(200, {"url": f"{base}/{repo}"})
+        parts = self.path.split("?")[0].split("/")  # /api/models/<org>/<name>/<verb>/<revision>
+        repo, verb = f"{parts[3]}/{parts[4]}", parts[5]
+        if verb == "preupload":
+            files = json.loads(body)["files"]
+            return self._answer(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                                for f in files]})
+        if verb == "commit":
+            lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+            files = {v["value"]["path"]: base64.b64decode(v["value"]["content"]) for v in lines if v["key"] == "file"}
+            self.commits.setdefault(repo, []).append(files)
+            return self._answer(200, {"commitUrl": f"{base}/{repo}/commit/abc123", "commitOid": "abc123"})
+        return self._answer(404, {"error": f"not emulated: {self.path}"})
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hub.repos, _Hub.commits = {}, {}
+    monkeypatch.setenv("EFT_HUB_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    get_settings.cache_clear()
+    yield _Hub
+    server.shutdown()
+
+
+def test_exports_push_to_the_hub_with_the_operators_token_only(env, hub, tmp_path, monkeypatch):
+    client, store, launcher, _ = env
+    job = client.post("/jobs", json={"model": "tiny-qwen3", "training_file": "chat.jsonl"}).json()
+    artifact = _adapter(tmp_path / "artifact")
+    store.transition(job["id"], JobStatus.queued, "validated", config={"model_path": str(BASE), "method": "lora"})
+    store.transition(job["id"], JobStatus.running, "dispatched", attempt=1)
+    store.transition(job["id"], JobStatus.succeeded, "done", artifact_path=str(artifact))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    refused = client.post(f"/jobs/{job['id']}/export", json={"kind": "adapter", "hub_repo": "acme/bot"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "hub_token_missing"
+    bad = client.post(f"/jobs/{job['id']}/export", json={"hub_repo": "no slash"})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "hub_repo"
+
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    for kind, repo in (("adapter", "acme/bot-adapter"), ("merged", "acme/bot")):
+        started = client.post(f"/jobs/{job['id']}/export", json={"kind": kind, "hub_repo": repo})
+        assert started.status_code == 202 and started.json()["hub_repo"] == repo
+        assert exports.run(*launcher.pending) == 0  # what the Ray Job runs
+        done = [e for e in client.get(f"/jobs/{job['id']}/exports").json()["data"] if e["hub_repo"] == repo]
+        assert done[0]["status"] == "succeeded" and done[0]["hub_url"].endswith(f"/{repo}/commit/abc123")
+        assert hub.repos[repo]["visibility"] == "private"
+    pushed = hub.commits["acme/bot-adapter"][0]
+    assert pushed["adapter_model.safetensors"] == (artifact / "adapter_model.safetensors").read_bytes()
+    merged = hub.commits["acme/bot"][0]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "eft_manifest.json"} <= set(merged)
+    assert json.loads(merged["eft_manifest.json"])["job_id"] == job["id"]
+    # The token never reached the job's record.
+    events = client.get(f"/jobs/{job['id']}/events", params={"limit": 1000}).text
+    assert hub.token not in events
