@@ -280,10 +280,12 @@ function setupChat(job, checkpoints) {
       });
     }));
   });
-  // `?chat=<message>` in the page's address sends it at once (a link that shows a comparison).
-  const message = new URLSearchParams(location.search).get("chat");
-  if (message) {
-    form.elements.message.value = message;
+  // `?chat=<message>[&max_tokens=N]` in the page's address sends it at once (a link that shows
+  // a comparison).
+  const query = new URLSearchParams(location.search);
+  if (query.get("chat")) {
+    form.elements.message.value = query.get("chat");
+    if (query.get("max_tokens")) form.elements.max_tokens.value = query.get("max_tokens");
     form.requestSubmit();
   }
 }

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from tests.e2e.conftest import api, as_json, client, wait_for
+from tests.e2e.conftest import _free_port, api, as_json, client, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -165,13 +165,54 @@ def test_eft_jobs_plot_writes_a_png(watched_job, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (800, 450)
 
 
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--window-size=1280,1500"]
+
+
+def _chromium_when(url: str, condition: str, timeout_s: float = 180) -> str:
+    """The page's HTML once the JavaScript `condition` holds, read over the DevTools protocol."""
+    from websockets.sync.client import connect
+
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="eft-chromium-") as profile:
+        browser = subprocess.Popen([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                                    f"--remote-debugging-port={port}", "--remote-allow-origins=*", url],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + timeout_s
+            pages = []
+            while not pages:
+                assert time.monotonic() < deadline, "chromium never listed the page"
+                try:
+                    pages = [t for t in api.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
+                             if t["type"] == "page"]
+                except Exception:  # noqa: BLE001 - not listening yet
+                    time.sleep(0.2)
+            with connect(pages[0]["webSocketDebuggerUrl"], max_size=None) as ws:
+                calls = iter(range(1, 1_000_000))
+
+                def evaluate(expression: str):  # noqa: ANN202
+                    n = next(calls)
+                    ws.send(json.dumps({"id": n, "method": "Runtime.evaluate",
+                                        "params": {"expression": expression, "returnByValue": True}}))
+                    while (reply := json.loads(ws.recv(timeout=timeout_s))).get("id") != n:
+                        pass
+                    return reply["result"]["result"].get("value")
+
+                while not evaluate(f"Boolean(document.readyState === 'complete' && ({condition}))"):
+                    assert time.monotonic() < deadline, f"the page never got to: {condition}"
+                    time.sleep(0.2)
+                return evaluate("document.documentElement.outerHTML")
+        finally:
+            browser.terminate()
+            browser.wait(timeout=30)
+
+
 def _chromium(*args: str) -> str:
     with tempfile.TemporaryDirectory(prefix="eft-chromium-") as profile:
         result = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--window-size=1280,1500",
-             *args], capture_output=True, text=True, timeout=120,
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args],
+            capture_output=True, text=True, timeout=120,
         )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
@@ -201,11 +242,15 @@ def test_ui_renders_the_job_list_and_a_job_page_with_a_chart(watched_job):
     from tests.e2e.conftest import ADMIN_KEY
 
     message = "What is the first word of: frog fox high king"
-    chatted = _chromium("--dump-dom", f"{url}/ui/jobs/{job['id']}?chat={quote(message)}{fragment}")
+    # A streamed body does not hold Chromium's virtual clock as a pending fetch does: this page
+    # is read over the DevTools protocol once both columns say they are done.
+    chatted = _chromium_when(f"{url}/ui/jobs/{job['id']}?chat={quote(message)}&max_tokens=16{fragment}",
+                             "['chat-base', 'chat-tuned'].every(id => document.getElementById(id).dataset.done"
+                             " || document.getElementById(id).dataset.error)")
     openai = OpenAI(base_url=f"{url}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=300)
     for model, element in ((job["model"], "chat-base"), (job["fine_tuned_model"], "chat-tuned")):
         expected = openai.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
-                                                  max_tokens=64, temperature=0).choices[0].message.content
+                                                  max_tokens=16, temperature=0).choices[0].message.content
         shown = re.search(rf'<pre id="{element}"[^>]*data-done="1"[^>]*>(.*?)</pre>', chatted, re.S)
         assert shown and shown.group(1) == html.escape(expected, quote=False), (element, expected)
     ARTIFACTS.mkdir(exist_ok=True)
