@@ -88,6 +88,17 @@ def _sse(payload: Any) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
+def _as_openai_sends(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:
+    """A chunk as OpenAI streams it: a delta holds only what it carries (the last one is `{}`),
+    and `usage` appears (null until the last chunk) only when the request asked for it."""
+    for choice in chunk["choices"]:
+        if "delta" in choice:
+            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+    if not include_usage:
+        chunk.pop("usage", None)
+    return chunk
+
+
 def _stream(events: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -129,12 +140,13 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, service
         return ChatCompletion(id=ident, created=created, model=body.model, usage=usage, choices=[
             ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)])
 
-    def chunk(delta: ChunkDelta, reason: str | None = None, usage: Usage | None = None, choices: bool = True) -> str:
-        return _sse(ChatCompletionChunk(
-            id=ident, created=created, model=body.model, usage=usage,
-            choices=[ChunkChoice(delta=delta, finish_reason=reason)] if choices else []).model_dump(mode="json"))
-
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(delta: ChunkDelta, reason: str | None = None, usage: Usage | None = None, choices: bool = True) -> str:
+        payload = ChatCompletionChunk(
+            id=ident, created=created, model=body.model, usage=usage,
+            choices=[ChunkChoice(delta=delta, finish_reason=reason)] if choices else []).model_dump(mode="json")
+        return _sse(_as_openai_sends(payload, include_usage))
 
     async def events() -> AsyncIterator[str]:
         yield chunk(ChunkDelta(role="assistant", content=""))
@@ -170,9 +182,10 @@ async def completions(body: CompletionCreate, request: Request, service: JobServ
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def chunk(text: str, reason: str | None = None, usage: Usage | None = None, choices: bool = True) -> str:
-        return _sse(Completion(id=ident, created=created, model=body.model, usage=usage,
-                               choices=[CompletionChoice(text=text, finish_reason=reason)] if choices else []
-                               ).model_dump(mode="json"))
+        return _sse(_as_openai_sends(Completion(
+            id=ident, created=created, model=body.model, usage=usage,
+            choices=[CompletionChoice(text=text, finish_reason=reason)] if choices else []).model_dump(mode="json"),
+            include_usage))
 
     async def events() -> AsyncIterator[str]:
         try:

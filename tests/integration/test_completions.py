@@ -135,6 +135,13 @@ def test_chat_with_base_fine_tuned_and_checkpoint_models_as_plain_peft_answers(e
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    # On the wire, as OpenAI sends it: the finishing delta is empty, usage only when asked for.
+    raw = clients["acme"].post("/v1/chat/completions", json={
+        "model": model, "messages": QUESTION, "max_tokens": 4, "temperature": 0, "stream": True})
+    events = [json.loads(line[6:]) for line in raw.text.splitlines() if line.startswith("data: {")]
+    assert raw.text.rstrip().endswith("data: [DONE]") and raw.headers["content-type"].startswith("text/event-stream")
+    assert events[-1]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "length", "logprobs": None}
+    assert all("usage" not in e for e in events) and events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
 
     # Another tenant's model is not found, as an unknown one is.
     globex = _openai(clients["globex"])
