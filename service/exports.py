@@ -84,10 +84,11 @@ def write_merged(base: str, hub: dict[str, Any] | None, adapter: str, target: st
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from eft.service.inference import _fetch, _hub_path
+    from eft.service.inference import _fetch
+    from eft.training.model import hub_path
     from eft.training.artifacts import publish
 
-    path = _hub_path(hub) if hub else base
+    path = hub_path(hub) if hub else base
     work = Path(tempfile.mkdtemp(prefix="eft-export-"))
     try:
         adapter_dir, _ = _fetch(adapter, work / "adapter-files", None)

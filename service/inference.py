@@ -161,15 +161,6 @@ def _fetch(location: str, local: Path, only: tuple[str, ...] | None) -> tuple[Pa
     return target, True
 
 
-def _hub_path(hub: dict[str, Any]) -> str:
-    from huggingface_hub import snapshot_download
-
-    from eft.training.model import HUB_FILES
-
-    return snapshot_download(hub["repo_id"], revision=hub["revision"], cache_dir=hub.get("cache_dir"),
-                             local_files_only=bool(hub.get("local_files_only")), allow_patterns=HUB_FILES)
-
-
 class Engine:
     """One base model and the adapters loaded on it (see the module docstring)."""
 
@@ -179,6 +170,7 @@ class Engine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from eft.training.chat import stop_token_ids
+        from eft.training.model import hub_path
 
         # A folder of this engine's own: the copies in it are deleted with the adapters.
         self.cache_dir = Path(cache_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -186,7 +178,7 @@ class Engine:
         # requests still generating keep it (no __del__: Serve would call that at once).
         weakref.finalize(self, shutil.rmtree, str(self.cache_dir), True)
         self.base, self.max_adapters = base, max(1, max_adapters)
-        path = _hub_path(base.hub) if base.hub else base.path
+        path = hub_path(base.hub) if base.hub else base.path
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(path)

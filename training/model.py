@@ -57,9 +57,12 @@ HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.t
 def pretrained_path(cfg: TrainConfig) -> str:
     """The local directory the base model and tokenizer load from. A hub model is fetched at its
     pinned revision into the Hugging Face cache (once per node: later calls find it there)."""
-    if not cfg.hub:
-        return cfg.model_path
-    hub = cfg.hub
+    return hub_path(cfg.hub) if cfg.hub else cfg.model_path
+
+
+def hub_path(hub: dict[str, Any]) -> str:
+    """The local snapshot of a pinned hub model ({"repo_id", "revision", "cache_dir",
+    "local_files_only"}), fetched once per process."""
     return _hub_snapshot(hub["repo_id"], hub["revision"], hub.get("cache_dir"), bool(hub.get("local_files_only")))
 
 
