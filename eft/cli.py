@@ -39,6 +39,7 @@ from eft.types.jobs import (
     LoraMethod,
     QloraMethod,
     Strategy,
+    tuning_of,
 )
 from eft._errors import APIStatusError, EftError
 from eft.client import Client, __version__
@@ -168,7 +169,10 @@ def _time(value: Any) -> str:
 def _show_job(job: Job, as_json: bool) -> None:
     if as_json:
         return _emit_json(job)
-    method = job.method.type + (f" r={job.method.r}" if isinstance(job.method, LoraMethod) else "")
+    tuning = tuning_of(job.method)
+    method = tuning.type + (f" r={tuning.r}" if isinstance(tuning, LoraMethod) else "")
+    if tuning is not job.method:
+        method = f"{job.method.type} (beta={job.method.beta}) with {method}"
     scaling = job.scaling
     rows = [
         ("id", job.id), ("name", job.name or "-"), ("status", _status(job)), ("model", job.model),

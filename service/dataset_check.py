@@ -108,16 +108,23 @@ def _token_stats(found: _Collector, good: list[tuple[int, Any]], tokenizer: Any,
     from eft.training.data import IGNORE_INDEX, Example, tokenize_record
 
     lengths, loss_total, example = [], 0, None
+    from eft.training.preference import is_preference, tokenize_preference
+
     for lineno, record in good:
         try:
-            full = tokenize_record(tokenizer, record, 1 << 30)
+            if is_preference(record):  # both conversations count; the chosen one is shown
+                pair = tokenize_preference(tokenizer, record, 1 << 30)
+                sequences = [pair.chosen, pair.rejected]
+            else:
+                sequences = [tokenize_record(tokenizer, record, 1 << 30)]
         except TemplateError as exc:
             found.error(lineno, exc.field, str(exc), f"chat_{exc.rule}")
             continue
-        cut = Example(full.input_ids[:max_seq_len], full.labels[:max_seq_len])  # as a job truncates
-        lengths.append(len(full.input_ids))
-        loss_total += cut.loss_tokens
-        if cut.loss_tokens == 0:
+        cuts = [Example(s.input_ids[:max_seq_len], s.labels[:max_seq_len]) for s in sequences]  # as a job truncates
+        cut = cuts[0]
+        lengths.append(sum(len(s.input_ids) for s in sequences))
+        loss_total += sum(c.loss_tokens for c in cuts)
+        if min(c.loss_tokens for c in cuts) == 0:
             found.warn(lineno, "record", f"has no trained token within max_seq_len={max_seq_len}, so "
                        "a job leaves it out: raise max_seq_len or shorten the prompt", "no_loss_tokens")
         if example is None:

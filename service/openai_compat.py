@@ -1,6 +1,7 @@
 """The OpenAI fine-tuning API mapped onto our jobs: one conversion each way.
 
-- request: `model` is the base model, `hyperparameters` (or `method.supervised.hyperparameters`)
+- request: `model` is the base model, `hyperparameters` (or `method.supervised.hyperparameters`,
+  or `method.dpo.hyperparameters` with `beta` for preference tuning, run as LoRA DPO)
   map `n_epochs` -> epochs, `batch_size` -> global batch, `learning_rate_multiplier` x 2e-4 ->
   learning rate; `seed`, `metadata` carry over; `suffix` becomes the job's name.
 - object: our statuses become OpenAI's (`validating` -> `validating_files`, `cancelling` ->
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from eft.service.result_files import result_file_id
-from eft.types.jobs import Hyperparameters, Job, JobCreate, JobEvent, JobStatus
+from eft.types.jobs import Hyperparameters, Job, JobCreate, JobEvent, JobMetric, JobStatus, objective_of
 from eft.types.openai import (
     FineTuningJob,
     FineTuningJobCheckpoint,
@@ -50,9 +51,13 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
         hyper["max_seq_len"] = hp.max_seq_len
     if body.seed is not None:
         hyper["seed"] = body.seed
+    method: dict[str, Any] = {"type": "lora"}
+    if body.method is not None and body.method.type == "dpo":
+        beta = getattr(hp, "beta", "auto")
+        method = {"type": "dpo", **({} if beta == "auto" else {"beta": beta})}
     return JobCreate.model_validate({
         "model": body.model, "training_file": body.training_file,
-        "validation_file": body.validation_file, "hyperparameters": hyper,
+        "validation_file": body.validation_file, "hyperparameters": hyper, "method": method,
         "name": body.suffix, "metadata": body.metadata or {},
     })
 
@@ -79,7 +84,10 @@ def to_openai_job(job: Job, tenant: str) -> FineTuningJob:
         organization_id=ORGANIZATION_PREFIX + tenant, status=STATUS[job.status],
         training_file=job.training_file, validation_file=job.validation_file,
         hyperparameters=hyperparameters,
-        method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
+        method=(
+            {"type": "dpo", "dpo": {"hyperparameters": {**hyperparameters, "beta": job.method.beta}}}
+            if objective_of(job.method) == "dpo"
+            else {"type": "supervised", "supervised": {"hyperparameters": hyperparameters}}),
         trained_tokens=int(job.result_metrics["train_tokens"]) if "train_tokens" in job.result_metrics else None,
         error=error, seed=hp.seed, metadata=job.metadata or None, user_provided_suffix=job.name,
         result_files=[result_file_id(job.id)] if job.status is JobStatus.succeeded else [],
@@ -94,6 +102,30 @@ def to_openai_event(event: JobEvent) -> FineTuningJobEvent:
         type="metrics" if event.type == "metrics" else "message",
         data={"type": event.type, **event.data},
     )
+
+
+def to_openai_metrics_event(job_id: str, metric: JobMetric) -> FineTuningJobEvent:
+    """A logged step as OpenAI's `metrics` event: its names (`step`, `train_loss`, `valid_loss`)
+    beside every value the step reported under ours."""
+    values = metric.values
+    data: dict[str, Any] = {"step": metric.step}
+    if "loss" in values:
+        data["train_loss"] = values["loss"]
+    if "eval_loss" in values:
+        data["valid_loss"] = values["eval_loss"]
+    data.update({k: v for k, v in values.items() if k != "step"})
+    message = f"Step {metric.step}" + (f": training loss={values['loss']:.4f}" if "loss" in values else "")
+    return FineTuningJobEvent(id=f"ftevent-{job_id.removeprefix('ftjob-')}-step-{metric.step}",
+                              created_at=_seconds(metric.created_at) or 0, level="info", message=message,
+                              type="metrics", data=data)
+
+
+def event_order(event_id: str) -> int:
+    """Orders events of the same second: the store's event number, or a metrics event's step."""
+    number = event_number(event_id)
+    if number is not None:
+        return number
+    return int(event_id.rpartition("-step-")[2] or 0) if "-step-" in event_id else 0
 
 
 def event_number(event_id: str | None) -> int | None:

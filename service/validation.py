@@ -282,16 +282,22 @@ def _check_chat_template(model_path: str, path: Path, param: str, train_on: str,
 def _render_chat_sample(model_path: str, path: Path, param: str, train_on: str, system_message: str,
                         columns: tuple[tuple[str, str], ...]) -> list[Problem]:
     from eft.training.chat import TemplateError, tokenize_chat
+    from eft.training.formats import check_record
+    from eft.training.preference import is_preference, tokenize_preference
 
     unavailable = tokenizer_problem(model_path)
     if unavailable is not None:
         return [unavailable]
     with request_tokenizer(model_path) as tokenizer:
         for lineno, record, error in itertools.islice(iter_records(path, columns=dict(columns)), TEMPLATE_SAMPLE):
-            if error or not isinstance(record, dict) or "messages" not in record:
+            if error or not isinstance(record, dict):
                 continue
             try:
-                tokenize_chat(tokenizer, record["messages"], record.get("tools"), train_on, system_message)
+                if is_preference(record):
+                    if not check_record(record)[1]:
+                        tokenize_preference(tokenizer, record, 1 << 30, system_message)
+                elif "messages" in record:
+                    tokenize_chat(tokenizer, record["messages"], record.get("tools"), train_on, system_message)
             except TemplateError as exc:
                 return [Problem(f"{param}:line {lineno}:{exc.field}", f"chat_{exc.rule}",
                                 f"{path.name} line {lineno}: {exc}")]
@@ -312,7 +318,7 @@ def check_evaluation(req: JobCreate) -> list[Problem]:
             problems.append(Problem("publish", "validation_file_required",
                                     "publish 'best' picks the step with the lowest validation loss: add a "
                                     "validation_file, or publish 'last'"))
-    if req.publish == "best" and req.method.type == "full":
+    if req.publish == "best" and req.tuning.type == "full":
         problems.append(Problem("publish", "publish_best_unsupported",
                                 "publish 'best' keeps the best weights in memory while training goes on, "
                                 "which a full fine-tuning job's are too large for: publish 'last', or pick "
@@ -334,11 +340,11 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
         problems.append(Problem("strategy", "strategy_unavailable",
                                 f"strategy {req.strategy!r} is not available in this build: use "
                                 f"one of {', '.join(AVAILABLE_STRATEGIES)}"))
-    if req.method.type not in AVAILABLE_METHODS:
+    if req.tuning.type not in AVAILABLE_METHODS:
         problems.append(Problem("method.type", "method_unavailable",
-                                f"method {req.method.type!r} is not available in this build: use "
+                                f"method {req.tuning.type!r} is not available in this build: use "
                                 f"one of {', '.join(AVAILABLE_METHODS)}"))
-    if req.method.type == "qlora" and req.strategy not in QLORA_STRATEGIES:
+    if req.tuning.type == "qlora" and req.strategy not in QLORA_STRATEGIES:
         problems.append(Problem("strategy", "strategy_unsupported_for_method",
                                 f"qlora runs with strategy ddp (or auto) in this build, not "
                                 f"{req.strategy!r}: set strategy to ddp"))
@@ -370,11 +376,31 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
     assert model_path is not None and train is not None
     choice = choice or choose_configuration(req, settings, support, model_path)
     for param, path in (("training_file", train), ("validation_file", valid)):
-        if path is not None and "chat" in scan_cached(path, settings.max_validation_errors, columns).formats:
+        if path is None:
+            continue
+        formats = scan_cached(path, settings.max_validation_errors, columns).formats
+        problems += check_record_kinds(req, param, formats)
+        if "chat" in formats or "preference" in formats:
             problems += check_chat_template(model_path, path, param, req)
     if problems:
         raise RequestInvalid(problems=problems)
     return ResolvedInputs(model_path, train, valid, choice)
+
+
+def check_record_kinds(req: JobCreate, param: str, formats: dict[str, int]) -> list[Problem]:
+    """A DPO job trains on preference pairs only; any other job on anything but them."""
+    if req.objective == "dpo" and set(formats) - {"preference"}:
+        other = ", ".join(sorted(set(formats) - {"preference"}))
+        return [Problem(param, "preference_records_required",
+                        f"a DPO job trains on preference pairs, but this file holds {other} records: give "
+                        '{"input": {"messages": [...]}, "preferred_output": [{"role": "assistant", ...}], '
+                        '"non_preferred_output": [...]} records, or train it with method lora, qlora or full')]
+    if req.objective != "dpo" and "preference" in formats:
+        return [Problem(param, "preference_records_need_dpo",
+                        f"this file holds {formats['preference']} preference pairs (preferred_output / "
+                        'non_preferred_output): train them with method {"type": "dpo"}, or give chat, '
+                        "prompt/completion or text records")]
+    return []
 
 
 def check_optimizations(req: JobCreate) -> list[Problem]:
@@ -437,7 +463,7 @@ def choose_configuration(req: JobCreate, settings: Settings, support: ModelSuppo
     spec = spec_for_request(req, _cluster_for(req, settings), settings, model_path)
     precision = opt.precision if opt.precision != "auto" else ("bf16" if gpu else "fp32")
     narrowed: dict[str, Any] = {"precision": precision, "device": "cuda" if gpu else "cpu"}
-    if req.method.type == "qlora" or (opt.precision == "fp16" and not gpu):
+    if req.tuning.type == "qlora" or (opt.precision == "fp16" and not gpu):
         # 4-bit weights, and fp16 on CPU (GradScaler), run under DDP only.
         narrowed["strategies"] = tuple(s for s in spec.strategies if s in QLORA_STRATEGIES)
     supported = support.attentions if support is not None else spec.attentions
@@ -485,7 +511,7 @@ def build_train_config(
     job_id: str, req: JobCreate, inputs: ResolvedInputs, num_train_examples: int, settings: Settings
 ) -> TrainConfig:
     """The one conversion from a request to a training config, with server defaults filled."""
-    hp, method = req.hyperparameters, req.method
+    hp, method = req.hyperparameters, req.tuning
     lora = None
     if isinstance(method, LoraMethod):
         target = method.target_modules if isinstance(method.target_modules, str) else tuple(method.target_modules)
@@ -499,7 +525,8 @@ def build_train_config(
     return TrainConfig(
         job_id=job_id, model_path=inputs.model_path, training_file=str(inputs.training_file),
         validation_file=str(inputs.validation_file) if inputs.validation_file else None,
-        method=method.type, lora=lora, total_steps=total_steps,
+        method=method.type, lora=lora, total_steps=total_steps, objective=req.objective,
+        dpo_beta=req.method.beta if req.objective == "dpo" else 0.1,
         num_train_examples=num_train_examples, learning_rate=hp.learning_rate,
         lr_scheduler=hp.lr_scheduler, warmup_steps=hp.warmup_steps, weight_decay=hp.weight_decay,
         max_grad_norm=hp.max_grad_norm, global_batch_size=hp.global_batch_size,
@@ -608,4 +635,4 @@ def tokenize_options(req: JobCreate) -> Any:
     from eft.training.data import TokenizeOptions
 
     return TokenizeOptions(req.hyperparameters.max_seq_len, req.data.train_on, req.data.system_message,
-                           tuple(sorted(req.data.columns.items())))
+                           tuple(sorted(req.data.columns.items())), req.objective)

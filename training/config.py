@@ -37,7 +37,10 @@ class TrainConfig:
     method: str  # "lora" | "qlora" | "full"
     lora: LoraSpec | None
     total_steps: int
-    num_train_examples: int
+    num_train_examples: int  # preference pairs, for a DPO job
+    #: "sft" (next-token loss on the trained tokens) or "dpo" (preference pairs, training/preference.py).
+    objective: str = "sft"
+    dpo_beta: float = 0.1
     learning_rate: float = 2e-4
     lr_scheduler: str = "cosine"
     warmup_steps: int = 0

@@ -53,6 +53,8 @@ class TokenizeOptions:
     system_message: str = "keep"
     #: Canonical field -> the column it is read from, as sorted pairs (e.g. (("prompt", "q"),)).
     columns: tuple[tuple[str, str], ...] = ()
+    #: "sft": records become Examples; "dpo": preference records become Pairs (and only those).
+    objective: str = "sft"
 
 
 @dataclass
@@ -60,7 +62,7 @@ class LoadedData:
     """A file's examples in file order (a list, or `ArrowExamples` memory-mapped from the token
     cache), and the records left out (no loss tokens within max_seq_len), by line number."""
 
-    examples: Sequence[Example]
+    examples: Sequence[Example]  # Pairs (training/preference.py) for a DPO job
     dropped: list[int]
     records: int
 
@@ -72,12 +74,18 @@ class LoadedData:
     def lengths(self) -> np.ndarray:
         """Tokens per example (without touching the examples when they are memory-mapped)."""
         known = getattr(self.examples, "lengths", None)
-        return known if known is not None else np.array([len(e.input_ids) for e in self.examples], dtype=np.int64)
+        return known if known is not None else np.array([example_tokens(e) for e in self.examples], dtype=np.int64)
 
     @property
     def loss_tokens(self) -> int:
         known = getattr(self.examples, "loss_tokens", None)
         return int(known) if known is not None else sum(e.loss_tokens for e in self.examples)
+
+
+def example_tokens(example: Any) -> int:
+    """Tokens of an Example, or of both conversations of a preference Pair."""
+    tokens = getattr(example, "tokens", None)
+    return tokens if tokens is not None else len(example.input_ids)
 
 
 def _eos_appended(tokenizer: Any, ids: list[int], trained: list[bool]) -> tuple[list[int], list[bool]]:
@@ -129,21 +137,40 @@ def tokenize_record(tokenizer: Any, record: dict[str, Any], options: TokenizeOpt
     return Example(ids[:n], labels[:n])
 
 
-def tokenize_file(path: str, tokenizer: Any, options: TokenizeOptions) -> Iterator[tuple[int, Example | None]]:
+def tokenize_file(path: str, tokenizer: Any, options: TokenizeOptions) -> Iterator[tuple[int, Any]]:
     """(line, example) for every record of a data file, in order; the example is None for a
-    record with no trained token within max_seq_len. Raises DataError on the first record
-    that is malformed or that the template refuses."""
+    record with no trained token within max_seq_len (a preference pair: when either reply has
+    none). Raises DataError on the first record that is malformed, of the wrong kind for the
+    objective, or that the template refuses."""
+    from eft.training.preference import Pair, tokenize_preference
+
     for lineno, record, parse_error in iter_records(Path(path), columns=dict(options.columns)):
         if parse_error:
             raise DataError(path, lineno, "line", parse_error)
-        _, problems = check_record(record)
+        fmt, problems = check_record(record)
         if problems:
             raise DataError(path, lineno, *problems[0])
+        if (fmt == "preference") != (options.objective == "dpo"):
+            raise DataError(path, lineno, "record", WRONG_KIND[options.objective], "wrong_record_kind")
         try:
-            example = tokenize_record(tokenizer, record, options)
+            if fmt == "preference":
+                example: Any = tokenize_preference(tokenizer, record, options.max_seq_len, options.system_message)
+            else:
+                example = tokenize_record(tokenizer, record, options)
         except TemplateError as exc:
             raise DataError(path, lineno, exc.field, str(exc), exc.rule) from None
-        yield lineno, (example if example.loss_tokens else None)
+        trained = (example.chosen.loss_tokens and example.rejected.loss_tokens
+                   if isinstance(example, Pair) else example.loss_tokens)
+        yield lineno, (example if trained else None)
+
+
+#: Why a record cannot train under a job's objective.
+WRONG_KIND = {
+    "sft": "is a preference pair (preferred_output / non_preferred_output): train it with "
+           'method {"type": "dpo"}, or give chat, prompt/completion or text records',
+    "dpo": "is not a preference pair: a DPO job trains on records of the shape {\"input\": {\"messages\": "
+           '[...]}, "preferred_output": [{"role": "assistant", ...}], "non_preferred_output": [...]}',
+}
 
 
 def check_loaded(path: str, records: int, kept: int, first_dropped: int | None, options: TokenizeOptions) -> None:

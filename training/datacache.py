@@ -27,7 +27,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from eft.training.data import Example, LoadedData, TokenizeOptions, check_loaded, load_examples, tokenize_file
+from eft.training.data import (
+    Example, LoadedData, TokenizeOptions, check_loaded, example_tokens, load_examples, tokenize_file,
+)
 from eft.training.formats import content_digest
 
 #: Bump when tokenisation or the entry layout changes meaning (the cache then misses and refills).
@@ -68,18 +70,27 @@ class ArrowExamples:
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        row = self._dataset[int(index)]
-        return Example(row["input_ids"], row["labels"])
+        return _example(self._dataset[int(index)])
 
     def __iter__(self) -> Iterator[Example]:
         for row in self._dataset:
-            yield Example(row["input_ids"], row["labels"])
+            yield _example(row)
 
     def __eq__(self, other: object) -> bool:
         try:
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))  # type: ignore[arg-type]
         except TypeError:
             return NotImplemented
+
+
+def _example(row: dict[str, Any]) -> Any:
+    """A row as an Example, or a preference Pair when it holds the rejected reply too."""
+    if "rejected_input_ids" in row:
+        from eft.training.preference import Pair
+
+        return Pair(Example(row["input_ids"], row["labels"]),
+                    Example(row["rejected_input_ids"], row["rejected_labels"]))
+    return Example(row["input_ids"], row["labels"])
 
 
 def _open(entry: Path) -> LoadedData | None:
@@ -110,17 +121,26 @@ def _write(entry: Path, path: str, tokenizer: Any, options: TokenizeOptions) -> 
     """Tokenise `path` straight into a new entry (streamed: never the whole dataset in memory)."""
     import pyarrow as pa
 
-    schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
-                        ("length", pa.int32()), ("loss_tokens", pa.int32())])
+    pairs = options.objective == "dpo"
+    columns = [("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
+               ("length", pa.int32()), ("loss_tokens", pa.int32())]
+    if pairs:  # a preference pair: the chosen reply in input_ids/labels, the rejected one here
+        columns += [("rejected_input_ids", pa.list_(pa.int32())), ("rejected_labels", pa.list_(pa.int32()))]
+    schema = pa.schema(columns)
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}-"))
     try:
         records, kept, dropped, batch = 0, 0, [], []
 
         def flush(writer: Any) -> None:
-            writer.write_batch(pa.record_batch({
-                "input_ids": [e.input_ids for e in batch], "labels": [e.labels for e in batch],
-                "length": [len(e.input_ids) for e in batch], "loss_tokens": [e.loss_tokens for e in batch],
-            }, schema=schema))
+            chosen = [e.chosen for e in batch] if pairs else batch
+            columns = {
+                "input_ids": [e.input_ids for e in chosen], "labels": [e.labels for e in chosen],
+                "length": [example_tokens(e) for e in batch], "loss_tokens": [e.loss_tokens for e in batch],
+            }
+            if pairs:
+                columns["rejected_input_ids"] = [e.rejected.input_ids for e in batch]
+                columns["rejected_labels"] = [e.rejected.labels for e in batch]
+            writer.write_batch(pa.record_batch(columns, schema=schema))
             batch.clear()
 
         with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:

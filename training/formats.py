@@ -18,6 +18,8 @@ Three shapes, one per JSONL line, detected per record:
 - text: `{"text": str}`; the loss is on every token.
 - classification: `{"text": str, "label": str | int}`; trained as prompt `text`, completion
   `label`, so the loss is on the label only.
+- preference (DPO jobs only): `{"input": {"messages": [...], "tools": [...]}, "preferred_output":
+  [assistant message], "non_preferred_output": [assistant message]}` (training/preference.py).
 - Alpaca: `{"instruction": str, "input": str, "output": str}` and ShareGPT:
   `{"conversations": [{"from": "human"|"gpt"|"system"|..., "value": str}]}` are read as chat.
 """
@@ -55,9 +57,12 @@ class ScanResult:
 
 
 def detect_format(record: Any) -> str | None:
-    """Returns 'chat', 'prompt_completion', 'text', or None when no shape matches."""
+    """Returns 'chat', 'preference', 'prompt_completion', 'classification', 'text', or None when
+    no shape matches."""
     if not isinstance(record, dict):
         return None
+    if "preferred_output" in record or "non_preferred_output" in record:
+        return "preference"
     if "messages" in record:
         return "chat"
     if "prompt" in record or "completion" in record:
@@ -125,10 +130,15 @@ def check_record(record: Any) -> tuple[str | None, list[tuple[str, str]]]:
         out.append((
             "record",
             "must be an object with 'messages' (chat), 'prompt' and 'completion', 'text', "
-            "or 'text' and 'label' (classification)",
+            "'text' and 'label' (classification), or 'input', 'preferred_output' and "
+            "'non_preferred_output' (preference pairs)",
         ))
     elif fmt == "chat":
         _check_chat(record, out)
+    elif fmt == "preference":
+        from eft.training.preference import check_preference
+
+        check_preference(record, out)
     elif fmt == "prompt_completion":
         for key in ("prompt", "completion"):
             if key not in record:
@@ -221,7 +231,7 @@ def normalize(record: Any, columns: Mapping[str, str] | None = None) -> Any:
         for canonical, source in columns.items():
             if source in record and source != canonical:
                 record[canonical] = record.pop(source)
-    if "messages" in record or "prompt" in record or "text" in record:
+    if "messages" in record or "prompt" in record or "text" in record or "preferred_output" in record:
         return record
     if isinstance(record.get("conversations"), list):
         messages = []

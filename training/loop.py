@@ -33,11 +33,16 @@ from eft.training import checkpoint
 from eft.training.checkpoint import BEST_FILE
 from eft.training.config import TrainConfig
 from eft.training.steps import host_peak_memory_gb, lr_lambda, peak_memory_gb, token_loss_sum
-from eft.training.data import DataError, TokenizeOptions, collate, global_batch_indices, shard_for_rank
+from eft.training.data import (
+    DataError, TokenizeOptions, collate, example_tokens, global_batch_indices, shard_for_rank,
+)
 from eft.training.datacache import load_examples_cached
 from eft.training.errors import TrainingUserError
-from eft.training.model import load_trainable_model, pretrained_path, skip_unused_quantization
+from eft.training.model import load_reference_model, load_trainable_model, pretrained_path, skip_unused_quantization
 from eft.training.packing import balance_by_tokens, collate_packed, packed_inputs, packed_micro_batches, real_tokens
+from eft.training.preference import (
+    PAIR_METRICS, micro_batch_loss, pair_logps, pair_sequences, sequence_bounds,
+)
 from eft.training.strategies import build_strategy
 
 #: Seconds of training between two looks for a preemption notice (Ray Train's watcher itself
@@ -80,6 +85,9 @@ class Window:
     """Counters between two metric reports, summed over this rank's micro-batches."""
 
     loss_sum: Any = 0.0  # a device tensor once a step has run: read only at reports
+    #: DPO: the pair metrics' sums (device tensors), by name (training/preference.py).
+    sums: dict[str, Any] = field(default_factory=dict)
+    #: What the loss is a mean over: target tokens, or (DPO) preference pairs.
     target_tokens: float = 0.0
     input_tokens: float = 0.0
     steps: int = 0
@@ -116,6 +124,9 @@ class Recipe:
         self.best_state: dict[str, torch.Tensor] | None = None
         self.stopped_early = False
         self.last_eval_step = -1
+        self.dpo = cfg.objective == "dpo"
+        self.reference: torch.nn.Module | None = None  # DPO of every weight: the frozen base
+        self.eval_extra: dict[str, float] = {}  # DPO: the last evaluation's reward metrics
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -129,7 +140,7 @@ class Recipe:
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id
         options = TokenizeOptions(cfg.max_seq_len, cfg.train_on, cfg.system_message,
-                                  tuple(sorted(cfg.data_columns.items())))
+                                  tuple(sorted(cfg.data_columns.items())), cfg.objective)
         try:
             self.train_examples = load_examples_cached(cfg.training_file, self.tokenizer, options,
                                                        cfg.data_cache_dir).examples
@@ -142,13 +153,16 @@ class Recipe:
             raise TrainingUserError(f"user_error.{exc.code}", str(exc), param) from None
         self.strategy = build_strategy(cfg)
         self.strategy.prepare(load_trainable_model(cfg))
+        if self.dpo and cfg.method == "full":
+            self.reference = load_reference_model(cfg, self.device)
         if cfg.compile:
             # In place, so the strategy's wrapper (DDP, FSDP, DeepSpeed) calls the compiled
             # forward; dynamic shapes because packed and padded lengths vary by step.
             self.strategy.module.compile(dynamic=True)
         self.lr_factor = lr_lambda(cfg)
         self.step = 0
-        self.eval_prompts = sample_prompts(self.valid_examples, cfg.eval_sample_prompts)
+        self.eval_prompts = sample_prompts([p.chosen for p in self.valid_examples] if self.dpo else self.valid_examples,
+                                           cfg.eval_sample_prompts)
         # Builds the next step's batches while this one trains (collation is host work).
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eft-batches")
         self._prefetch: tuple[int, Future] | None = None
@@ -177,13 +191,15 @@ class Recipe:
         cfg = self.cfg
         n = len(self.train_examples)
         indices = global_batch_indices(n, cfg.seed, step, cfg.global_batch_size)
-        global_tokens = sum(self.train_examples[i].loss_tokens for i in indices)
+        # The loss is a mean over target tokens, or (DPO) over pairs.
+        global_tokens = len(indices) if self.dpo else sum(self.train_examples[i].loss_tokens for i in indices)
         if cfg.packing:
             # The ranks' shares are balanced by tokens (a rank's step time follows its tokens),
-            # then packed into micro-batches of at most micro_batch_size x max_seq_len tokens.
-            lengths = [len(self.train_examples[i].input_ids) for i in indices]
-            shares = [packed_micro_batches([self.train_examples[indices[p]] for p in share],
-                                           cfg.micro_batch_size * cfg.max_seq_len)
+            # then packed into micro-batches of at most micro_batch_size x max_seq_len tokens
+            # (a DPO pair, two sequences, is packed whole: twice the budget).
+            lengths = [example_tokens(self.train_examples[i]) for i in indices]
+            budget = cfg.micro_batch_size * cfg.max_seq_len * (2 if self.dpo else 1)
+            shares = [packed_micro_batches([self.train_examples[indices[p]] for p in share], budget)
                       for share in balance_by_tokens(lengths, self.world_size)]
             count = max(len(share) for share in shares)
             return shares[self.rank] + [[]] * (count - len(shares[self.rank])), float(global_tokens)
@@ -200,11 +216,12 @@ class Recipe:
         out = []
         for micro_batch in micro_batches:
             # An empty share still joins the collectives, with a zero-weight pass.
+            examples = micro_batch or [self.train_examples[0]]
+            if self.dpo:  # every chosen conversation, then every rejected one
+                examples = pair_sequences(examples)
             if self.cfg.packing:
-                examples = micro_batch or [self.train_examples[0]]
                 batch, tokens = collate_packed(examples, self.pad_id), real_tokens(examples)
             else:
-                examples = micro_batch or self.train_examples[:1]
                 batch, tokens = collate(examples, self.pad_id), sum(len(e.input_ids) for e in examples)
             if pin:
                 # The boundaries stay pageable: read on the host, or copied once to the device.
@@ -244,11 +261,20 @@ class Recipe:
         pin = self.device.type == "cuda"
         for i, (host_batch, tokens, weight) in enumerate(micro_batches):
             batch = self._to_device(host_batch, pin)
+            bounds = sequence_bounds(host_batch) if self.dpo else None
+            reference = self._reference_logps(batch, bounds) if self.dpo else None
             with strategy.accumulate(last=i == len(micro_batches) - 1):
                 with strategy.autocast():
-                    loss_sum = token_loss_sum(strategy.model, batch) * weight
+                    if self.dpo:
+                        loss_sum, sums = micro_batch_loss(pair_logps(strategy.model, batch, bounds), reference,
+                                                          self.cfg.dpo_beta, weight)
+                    else:
+                        loss_sum = token_loss_sum(strategy.model, batch) * weight
                 strategy.backward(loss_sum * scale)
             window.loss_sum += loss_sum.detach()
+            if self.dpo:
+                for name, value in sums.items():
+                    window.sums[name] = window.sums.get(name, 0.0) + value
             window.input_tokens += tokens * weight
         window.target_tokens += global_tokens / self.world_size
         grad_norm = strategy.step(self.cfg.learning_rate * self.lr_factor(self.step))
@@ -256,9 +282,24 @@ class Recipe:
         window.steps += 1
         return grad_norm
 
+    @torch.no_grad()
+    def _reference_logps(self, batch: dict[str, Any], bounds: Any) -> torch.Tensor:
+        """DPO: the micro-batch's sequence log-probabilities under the reference model: the
+        frozen copy (full fine-tuning), or the trained model with its adapter switched off."""
+        import contextlib
+
+        if self.reference is not None:
+            model, switched_off = self.reference, contextlib.nullcontext()
+        else:
+            model, switched_off = self.strategy.model, self.strategy.module.disable_adapter()
+        with switched_off, self.strategy.autocast():
+            return pair_logps(model, batch, bounds)
+
     def _window_metrics(self, window: Window, grad_norm: float | None) -> dict[str, float]:
-        loss_sum, input_tokens = _all_reduce_sum(
-            [float(window.loss_sum), float(window.input_tokens)], self.device
+        names = [n for n in PAIR_METRICS if n in window.sums] if self.dpo else []
+        loss_sum, input_tokens, *pair_sums = _all_reduce_sum(
+            [float(window.loss_sum), float(window.input_tokens), *(float(window.sums[n]) for n in names)],
+            self.device
         )
         target_tokens = window.target_tokens * self.world_size
         loss = loss_sum / max(1.0, target_tokens)
@@ -286,6 +327,8 @@ class Recipe:
         }
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
+        for name, value in zip(names, pair_sums):  # DPO: means over the window's pairs
+            metrics[name] = value / max(1.0, target_tokens)
         return metrics
 
     def _report(self, metrics: dict[str, float], with_checkpoint: bool, reason: str = "interval",
@@ -446,6 +489,8 @@ class Recipe:
         """Mean target-token loss over the validation set, sharded over ranks."""
         if not self.valid_examples:
             return None
+        if self.dpo:
+            return self._evaluate_pairs()
         model = self.strategy.model
         model.eval()
         size = self.cfg.micro_batch_size
@@ -467,6 +512,34 @@ class Recipe:
         model.train()
         return loss_sum / max(1.0, tokens)
 
+    @torch.no_grad()
+    def _evaluate_pairs(self) -> float:
+        """DPO: the mean DPO loss over the validation pairs, sharded over ranks as `evaluate`
+        shards examples; the mean rewards, margin and accuracy go to `eval_extra`."""
+        model = self.strategy.model
+        model.eval()
+        chunk = self.cfg.micro_batch_size * self.world_size
+        totals = dict.fromkeys(("loss", *PAIR_METRICS), 0.0)
+        pairs = 0
+        for start in range(0, len(self.valid_examples), chunk):
+            part = self.valid_examples[start : start + chunk]
+            mine = [part[i] for i in shard_for_rank(list(range(len(part))), self.rank, self.world_size)]
+            host = collate(pair_sequences(mine or part[:1]), self.pad_id)
+            batch, bounds = {k: v.to(self.device) for k, v in host.items()}, sequence_bounds(host)
+            reference = self._reference_logps(batch, bounds)
+            with self.strategy.autocast():
+                policy = pair_logps(model, batch, bounds)
+            loss_sum, sums = micro_batch_loss(policy, reference, self.cfg.dpo_beta, 1.0 if mine else 0.0)
+            for name, value in {"loss": loss_sum, **sums}.items():
+                totals[name] += float(value)
+            pairs += len(mine)
+        names = list(totals)
+        *reduced, pairs = _all_reduce_sum([totals[n] for n in names] + [float(pairs)], self.device)
+        model.train()
+        means = {name: value / max(1.0, pairs) for name, value in zip(names, reduced)}
+        self.eval_extra = {f"eval_{name}": means[name] for name in PAIR_METRICS}
+        return means["loss"]
+
     def _evaluate_during(self, metrics: dict[str, float]) -> None:
         """An evaluation in the course of training (every rank, at the same steps): the
         validation loss into `metrics`, the best one tracked, replies to the sample prompts
@@ -475,6 +548,7 @@ class Recipe:
         if eval_loss is None:
             return
         metrics["eval_loss"] = eval_loss
+        metrics.update(self.eval_extra)
         self._track_best(eval_loss)
         metrics["best_eval_loss"], metrics["best_step"] = self.best_eval_loss, float(self.best_step)
         self._send_samples(eval_loss)
@@ -554,6 +628,7 @@ class Recipe:
         eval_loss = self.evaluate()
         if eval_loss is not None:
             metrics["eval_loss"] = eval_loss
+            metrics.update(self.eval_extra)
             if self.last_eval_step != self.step:  # an early stop evaluated this step already
                 self._track_best(eval_loss)
                 self._send_samples(eval_loss)

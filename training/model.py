@@ -139,6 +139,21 @@ def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     return get_peft_model(model, lora_config)
 
 
+def load_reference_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
+    """DPO's frozen reference for full fine-tuning: the base model again, in the compute dtype,
+    whole on this device, without gradients (LoRA and QLoRA switch their adapter off instead)."""
+    from transformers import AutoModelForCausalLM
+
+    attention = cfg.attention
+    if cfg.packing and attention in VARLEN_NAMES:
+        register_varlen_attention()
+        attention = VARLEN_NAMES[attention]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision, torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(pretrained_path(cfg), dtype=dtype, attn_implementation=attention)
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The trainable parameters by name, detached and on CPU (what a checkpoint keeps)."""
     return {

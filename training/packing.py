@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from eft.training.data import IGNORE_INDEX, Example
+from eft.training.data import IGNORE_INDEX, Example, example_tokens
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the API's process never needs it
     import torch
@@ -32,12 +32,13 @@ def pack_rows(examples: Sequence[Example], row_len: int) -> list[list[Example]]:
     Returns the bins, longest first; an example longer than `row_len` gets a bin of its own.
     Ties keep the input order, so the result is deterministic.
     """
-    order = sorted(range(len(examples)), key=lambda i: -len(examples[i].input_ids))
+    sizes = [example_tokens(e) for e in examples]  # a DPO pair is packed whole
+    order = sorted(range(len(examples)), key=lambda i: -sizes[i])
     rows: list[list[Example]] = []
     free: list[int] = []
     for i in order:
         example = examples[i]
-        size = len(example.input_ids)
+        size = sizes[i]
         for r, room in enumerate(free):
             if size <= room:
                 rows[r].append(example)

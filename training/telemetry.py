@@ -50,6 +50,14 @@ class MetricSpec:
 TRAINING_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("eft_train_loss", "gauge", "Training loss (mean target-token cross-entropy) of the last logged steps."),
     MetricSpec("eft_train_eval_loss", "gauge", "Validation loss."),
+    MetricSpec("eft_train_reward_margin", "gauge",
+               "DPO: mean reward margin (chosen minus rejected, beta x log-ratio to the reference); "
+               "split 'train' or 'eval'.", ("split",)),
+    MetricSpec("eft_train_reward_accuracy", "gauge",
+               "DPO: share of pairs whose chosen reply out-rewards the rejected one; split 'train' or 'eval'.",
+               ("split",)),
+    MetricSpec("eft_train_rewards", "gauge", "DPO: mean reward of the chosen and of the rejected replies "
+               "(training pairs).", ("reply",)),
     MetricSpec("eft_train_learning_rate", "gauge", "Learning rate of the last step."),
     MetricSpec("eft_train_grad_norm", "gauge", "Gradient norm before clipping."),
     MetricSpec("eft_train_tokens_per_second", "gauge", "Input tokens per second, all workers."),
@@ -79,6 +87,17 @@ _STEP_GAUGES = {
     "tokens_per_s": "eft_train_tokens_per_second", "step_time_s": "eft_train_step_time_seconds",
     "world_size": "eft_train_world_size", "step": "eft_train_step",
 }
+
+
+#: DPO step metric -> gauge and its tags.
+_PAIR_GAUGES = (
+    ("reward_margin", "eft_train_reward_margin", {"split": "train"}),
+    ("eval_reward_margin", "eft_train_reward_margin", {"split": "eval"}),
+    ("reward_accuracy", "eft_train_reward_accuracy", {"split": "train"}),
+    ("eval_reward_accuracy", "eft_train_reward_accuracy", {"split": "eval"}),
+    ("rewards_chosen", "eft_train_rewards", {"reply": "chosen"}),
+    ("rewards_rejected", "eft_train_rewards", {"reply": "rejected"}),
+)
 
 
 def exported_names() -> set[str]:
@@ -151,6 +170,9 @@ class JobTelemetry:
                 self._set(name, values[key])
         if self.total_steps:
             self._set("eft_train_total_steps", self.total_steps)
+        for key, name, tags in _PAIR_GAUGES:  # DPO jobs
+            if key in values:
+                self._set(name, values[key], **tags)
         step_time = values.get("step_time_s")
         tokens_per_s = values.get("tokens_per_s")
         if step_time and self.global_batch_size:

@@ -173,6 +173,24 @@ def chat_example(rng: random.Random) -> dict:
     return {"messages": messages}
 
 
+def preference_example(rng: random.Random) -> dict:
+    """A question with the right reply preferred over a wrong one: the answer to another
+    question of the same skill (plausible, but wrong) or of another skill (off topic)."""
+    skill = rng.choice(SKILLS)
+    question, answer, _ = skill(rng)
+    other = skill if rng.random() < 0.6 else rng.choice(SKILLS)
+    for _ in range(20):
+        wrong = other(rng)[1]
+        if wrong != answer:
+            break
+    messages = [{"role": "user", "content": question}]
+    if rng.random() < 0.4:
+        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+    return {"input": {"messages": messages},
+            "preferred_output": [{"role": "assistant", "content": answer}],
+            "non_preferred_output": [{"role": "assistant", "content": wrong}]}
+
+
 def completion_example(rng: random.Random) -> dict:
     question, answer, _ = rng.choice(SKILLS)(rng)
     return {"prompt": f"Question: {question}\nAnswer:", "completion": f" {answer}"}
@@ -253,6 +271,7 @@ DATASETS: dict[str, tuple[Callable[[random.Random], dict], int, int]] = {
     "chat": (chat_example, 1600, 160),
     "completion": (completion_example, 600, 100),
     "text": (text_example, 600, 100),
+    "preference": (preference_example, 600, 100),
 }
 
 DATA_README = """\
@@ -280,6 +299,9 @@ can appear in both splits, as world knowledge would.
   This is the demo task: train on the assistant tokens only.
 * `completion_*`: `{{"prompt": "Question: ...\\nAnswer:", "completion": " ..."}}`, the same
   skills as prompt/completion pairs; the loss belongs on the completion.
+* `preference_*`: `{{"input": {{"messages": [...]}}, "preferred_output": [{{"role": "assistant", ...}}],
+  "non_preferred_output": [...]}}`, preference pairs for DPO: the right reply to a question is
+  preferred over the reply to another question (of the same skill, or of another).
 * `text_*`: `{{"text": ...}}`, paragraphs of three to five of the same facts as plain prose,
   for plain language-model fine-tuning.
 """

@@ -17,7 +17,7 @@ from eft.types.openai import (
     FineTuningJobList,
 )
 from eft.service.openai_compat import (
-    event_number,
+    event_order, to_openai_metrics_event,
     to_job_create,
     to_openai_checkpoint,
     to_openai_event,
@@ -76,15 +76,18 @@ def list_fine_tuning_events(
     after: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> FineTuningJobEventList:
-    """Events newest first, as OpenAI lists them; `after` is the last event id of the previous page."""
-    events = service.events(job_id, tenant, None, 100_000).data
-    newest_first = list(reversed(events))
-    cursor = event_number(after)
-    if cursor is not None:
-        newest_first = [e for e in newest_first if e.id < cursor]
+    """Events newest first, as OpenAI lists them, the job's messages and its step metrics
+    (`type: "metrics"`, one per logged step) together; `after` is the last event id of the
+    previous page."""
+    events = [to_openai_event(e) for e in service.events(job_id, tenant, None, 100_000).data]
+    events += [to_openai_metrics_event(job_id, m) for m in service.metrics(job_id, tenant, limit=100_000).data]
+    # Newest first; a step's metrics after the messages of the same second.
+    newest_first = sorted(events, key=lambda e: (e.created_at, e.type == "metrics", event_order(e.id)), reverse=True)
+    if after is not None:
+        ids = [e.id for e in newest_first]
+        newest_first = newest_first[ids.index(after) + 1:] if after in ids else []
     page = newest_first[:limit]
-    return FineTuningJobEventList(data=[to_openai_event(e) for e in page],
-                                  has_more=len(newest_first) > limit)
+    return FineTuningJobEventList(data=page, has_more=len(newest_first) > limit)
 
 
 @router.get("/{job_id}/checkpoints", response_model=FineTuningJobCheckpointList)

@@ -45,6 +45,7 @@ _JOB = """<h1 id="title">{job_id}</h1><p id="error" class="error" hidden></p>
 <section class="charts">
 <figure><figcaption>Loss and eval loss by step</figcaption><div id="loss-chart" class="chart"></div></figure>
 <figure><figcaption>Learning rate and tokens/s by step</figcaption><div id="rate-chart" class="chart"></div></figure>
+<figure id="rewards-figure" hidden><figcaption>Preference tuning: reward margin and accuracy by step</figcaption><div id="rewards-chart" class="chart"></div></figure>
 </section>
 <section><h2>Events</h2><table id="events"><thead><tr><th>Time</th><th>Attempt</th><th>Type</th>
 <th>Message</th></tr></thead><tbody></tbody></table></section>

@@ -136,6 +136,22 @@ function drawMetrics(points) {
   const steps = points.map((p) => p.step);
   charts.loss.setData([steps, column(points, "loss"), column(points, "eval_loss")]);
   charts.rate.setData([steps, column(points, "learning_rate"), column(points, "tokens_per_s")]);
+  // DPO jobs: the reward margin (train and held-out) and the share of pairs ranked right.
+  if (points.some((p) => "reward_margin" in p.values)) {
+    document.getElementById("rewards-figure").hidden = false;
+    if (!charts.rewards) {
+      charts.rewards = chart("rewards-chart", [{},
+        { label: "margin", stroke: "#1f77b4", scale: "margin" },
+        { label: "eval margin", stroke: "#d62728", scale: "margin", spanGaps: true, points: { show: true, size: 7 } },
+        { label: "accuracy", stroke: "#2ca02c", scale: "accuracy" },
+        { label: "eval accuracy", stroke: "#ff7f0e", scale: "accuracy", spanGaps: true, points: { show: true, size: 7 } }],
+      { x: { time: false }, margin: {}, accuracy: { range: [0, 1] } });
+    }
+    charts.rewards.setData([steps, column(points, "reward_margin"), column(points, "eval_reward_margin"),
+      column(points, "reward_accuracy"), column(points, "eval_reward_accuracy")]);
+    document.getElementById("rewards-chart").dataset.points =
+      String(column(points, "reward_margin").filter((v) => v !== null).length);
+  }
   const drawn = column(points, "loss").filter((v) => v !== null).length;
   document.getElementById("loss-chart").dataset.points = String(drawn);
 }

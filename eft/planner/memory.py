@@ -297,6 +297,8 @@ def overhead_bytes(spec: PlanSpec, config: Configuration) -> float:
         total += HALF_BYTES * copied
     if spec.method == "qlora":
         total += HALF_BYTES * arch.largest_module_parameters
+    if spec.reference_copy:  # DPO's frozen reference model, whole on every device
+        total += (FP32 if spec.precision == "fp32" else HALF_BYTES) * arch.parameters
     return total
 
 

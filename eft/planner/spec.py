@@ -122,6 +122,10 @@ class PlanSpec:
     gradient_accumulation: bool = True
     """Whether micro-batches accumulate gradients (the gradients then live through the forward);
     False when every step is one micro-batch per worker."""
+    reference_copy: bool = False
+    """Preference tuning (DPO) of every weight: a frozen, unsharded copy of the base model in the
+    compute precision lives on each device as the reference. (LoRA's reference is the base itself,
+    the adapter switched off: no copy.)"""
     overheads: Overheads = field(default_factory=Overheads)
 
     def __post_init__(self) -> None:
@@ -160,7 +164,9 @@ class PlanSpec:
         """The question a job request (`api.models.JobCreate` or `PlanRequest`) asks on `cluster`
         (`api.models.Cluster`), read by attribute so the planner needs no wire-model import.
         A forced strategy is the only one weighed; "auto" weighs all. Raises PlannerError."""
-        method, hp = request.method, request.hyperparameters
+        method, hp = getattr(request, "tuning", request.method), request.hyperparameters
+        # A DPO pair is two sequences (the preferred and the non-preferred conversation) per forward.
+        dpo = getattr(request, "objective", "sft") == "dpo"
         lora: dict[str, Any] = {}
         if method.type != "full":
             targets = method.target_modules
@@ -173,7 +179,8 @@ class PlanSpec:
         # the fewest workers the job may run with accumulate the most
         fewest = min(cluster.gpus, request.scaling.min_workers)
         return cls(architecture, method=method.type, seq_len=hp.max_seq_len,
-                   micro_batch=hp.micro_batch_size, gpus=cluster.gpus,
+                   micro_batch=hp.micro_batch_size * (2 if dpo else 1), gpus=cluster.gpus,
+                   reference_copy=dpo and method.type == "full",
                    precision="bf16" if precision == "auto" else precision,
                    gradient_accumulation=hp.global_batch_size > hp.micro_batch_size * fewest,
                    gpu_memory_gb=cluster.gpu_memory_gb, gpu_type=cluster.gpu_type,

@@ -72,7 +72,36 @@ class FullMethod(_Request):
     type: Literal["full"] = "full"
 
 
-Method = Annotated[LoraMethod | QloraMethod | FullMethod, Field(discriminator="type")]
+Tuning = Annotated[LoraMethod | QloraMethod | FullMethod, Field(discriminator="type")]
+
+
+class DpoMethod(_Request):
+    """Preference tuning (Direct Preference Optimization) on pairs of a preferred and a
+    non-preferred reply; `tuning` says which weights change, as for supervised tuning."""
+
+    type: Literal["dpo"] = "dpo"
+    beta: float = Field(
+        0.1, gt=0, le=10,
+        description="How strongly the model is held to the reference (the base model): higher stays "
+        "closer. 0.1 as in TRL and the DPO paper.")
+    tuning: Tuning = Field(
+        default_factory=LoraMethod,
+        description="The weights trained: LoRA (default), QLoRA or full, with their settings. The reference "
+        "model of LoRA and QLoRA is the base with the adapter switched off (no second copy); full "
+        "fine-tuning keeps a frozen copy of the base (the planner counts it).")
+
+
+Method = Annotated[LoraMethod | QloraMethod | FullMethod | DpoMethod, Field(discriminator="type")]
+
+
+def tuning_of(method: Any) -> Any:
+    """The weights a method trains: the method itself, or a DPO method's `tuning`."""
+    return method.tuning if isinstance(method, DpoMethod) else method
+
+
+def objective_of(method: Any) -> str:
+    """"dpo" for preference tuning, else "sft" (supervised)."""
+    return "dpo" if isinstance(method, DpoMethod) else "sft"
 
 
 class Hyperparameters(_Request):
@@ -293,6 +322,14 @@ class JobCreate(_Request):
     data: DataOptions = Field(default_factory=DataOptions)
     name: str | None = Field(None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    @property
+    def tuning(self) -> LoraMethod | QloraMethod | FullMethod:
+        return tuning_of(self.method)
+
+    @property
+    def objective(self) -> str:
+        return objective_of(self.method)
 
 
 # --- responses -----------------------------------------------------------------------------

@@ -38,9 +38,32 @@ class Supervised(_Request):
     hyperparameters: OpenAIHyperparameters = Field(default_factory=OpenAIHyperparameters)
 
 
+class DpoHyperparameters(OpenAIHyperparameters):
+    beta: Auto | float = Field(
+        "auto", description="How strongly the model is held to the reference model (0.1 when auto).")
+
+    @model_validator(mode="after")
+    def _beta(self) -> DpoHyperparameters:
+        if self.beta != "auto" and not 0 < self.beta <= 10:
+            raise ValueError(f"beta must be 'auto' or above 0 and at most 10, got {self.beta}")
+        return self
+
+
+class Dpo(_Request):
+    hyperparameters: DpoHyperparameters = Field(default_factory=DpoHyperparameters)
+
+
 class OpenAIMethod(_Request):
-    type: Literal["supervised"] = Field("supervised", description="Only supervised fine-tuning runs here.")
-    supervised: Supervised = Field(default_factory=Supervised)
+    type: Literal["supervised", "dpo"] = Field(
+        "supervised", description="supervised (chat records) or dpo (preference pairs).")
+    supervised: Supervised | None = None
+    dpo: Dpo | None = None
+
+    @property
+    def hyperparameters(self) -> OpenAIHyperparameters:
+        chosen = self.dpo if self.type == "dpo" else self.supervised
+        return chosen.hyperparameters if chosen is not None else (
+            DpoHyperparameters() if self.type == "dpo" else OpenAIHyperparameters())
 
 
 class FineTuningJobCreate(_Request):
@@ -59,7 +82,7 @@ class FineTuningJobCreate(_Request):
     @property
     def resolved_hyperparameters(self) -> OpenAIHyperparameters:
         if self.method is not None:
-            return self.method.supervised.hyperparameters
+            return self.method.hyperparameters
         return self.hyperparameters or OpenAIHyperparameters()
 
 

@@ -143,3 +143,30 @@ def test_the_openai_client_runs_a_fine_tuning_job(service, tmp_path):
 
     with pytest.raises(NotFoundError):
         client.fine_tuning.jobs.retrieve("ftjob-doesnotexist")
+
+
+def test_the_openai_client_runs_a_dpo_job(service):
+    """Preference tuning as OpenAI's clients ask for it: `method={"type": "dpo", ...}` on a file of
+    preference pairs; the job succeeds and reports the DPO metrics as `metrics` events."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{service['url']}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60)
+    lines = (BUNDLED_ASSETS / "data" / "demo" / "preference_train.jsonl").read_text().splitlines()[:32]
+    uploaded = client.files.create(file=("pairs.jsonl", ("\n".join(lines) + "\n").encode()), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model="tiny-llama", training_file=uploaded.id, suffix="dpo-e2e",
+        method={"type": "dpo", "dpo": {"hyperparameters": {
+            "beta": 0.2, "batch_size": 4, "learning_rate_multiplier": 10, "max_steps": 3, "max_seq_len": 96}}},
+    )
+    assert job.method.type == "dpo" and job.method.dpo.hyperparameters.beta == 0.2
+    deadline = time.monotonic() + 420
+    while (job := client.fine_tuning.jobs.retrieve(job.id)).status not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, f"job still {job.status}"
+        time.sleep(1)
+    assert job.status == "succeeded", job.error
+    assert job.fine_tuned_model == f"ft:tiny-llama:dpo-e2e:{job.id}"
+    metrics = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data if e.type == "metrics"]
+    assert metrics and all({"reward_margin", "reward_accuracy", "rewards_chosen", "rewards_rejected"} <= set(m)
+                           for m in metrics if "loss" in m)
+    first = min((m for m in metrics if "loss" in m), key=lambda m: m["step"])
+    assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # step 1: the policy is the reference

@@ -1,0 +1,185 @@
+"""Preference tuning (DPO): pairs of replies to one prompt, and the loss that prefers one.
+
+A record has the shape OpenAI, Together and Fireworks share::
+
+    {"input": {"messages": [...], "tools": [...]},
+     "preferred_output": [{"role": "assistant", "content": ...}],
+     "non_preferred_output": [{"role": "assistant", "content": ...}]}
+
+Each reply is appended to the prompt's messages and the conversation rendered with the model's
+own chat template, exactly as a chat record is for supervised training (`training/chat.py`); the
+trained tokens are the final assistant turn's. So a pair is two `Example`s, chosen and rejected,
+that share the prompt's tokens.
+
+The loss is DPO's (Rafailov et al. 2023) in its sigmoid form, as TRL's `DPOTrainer` computes it:
+with pi and ref the summed log-probabilities of a reply's trained tokens under the policy and the
+reference model, and beta the strength of the pull towards the reference,
+
+    loss = -log sigmoid(beta * ((pi_chosen - ref_chosen) - (pi_rejected - ref_rejected)))
+
+averaged over the pairs of the global batch. The rewards are beta * (pi - ref) per reply. The
+reference of a LoRA or QLoRA job is the base model itself (the adapter switched off for one
+forward pass without gradients: no second copy), of a full fine-tune a frozen copy of the base.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from eft.training.data import IGNORE_INDEX, Example
+
+if TYPE_CHECKING:
+    import torch
+
+#: Keys of a preference record.
+INPUT, PREFERRED, NON_PREFERRED = "input", "preferred_output", "non_preferred_output"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A prompt's preferred (chosen) and non-preferred (rejected) conversation, tokenised."""
+
+    chosen: Example
+    rejected: Example
+
+    @property
+    def tokens(self) -> int:
+        return len(self.chosen.input_ids) + len(self.rejected.input_ids)
+
+    @property
+    def loss_tokens(self) -> int:
+        return self.chosen.loss_tokens + self.rejected.loss_tokens
+
+
+def is_preference(record: Any) -> bool:
+    return isinstance(record, dict) and (PREFERRED in record or NON_PREFERRED in record)
+
+
+def check_preference(record: dict[str, Any], out: list[tuple[str, str]]) -> None:
+    """Per-field problems of a preference record, as (field, message), appended to `out`."""
+    from eft.training.formats import _check_message
+
+    prompt = record.get(INPUT)
+    if not isinstance(prompt, dict) or not isinstance(prompt.get("messages"), list) or not prompt["messages"]:
+        out.append((f"{INPUT}.messages", "must be a non-empty list of {role, content} objects: the conversation "
+                    "the two replies answer"))
+    else:
+        inner: list[tuple[str, str]] = []
+        for i, message in enumerate(prompt["messages"]):
+            _check_message(i, message, inner)
+        out.extend((f"{INPUT}.{field}", message) for field, message in inner)
+        last = prompt["messages"][-1]
+        if isinstance(last, dict) and last.get("role") == "assistant":
+            out.append((f"{INPUT}.messages[{len(prompt['messages']) - 1}].role",
+                        "the prompt must end with a user (or tool) message: the replies are the assistant's turn"))
+        tools = prompt.get("tools")
+        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+            out.append((f"{INPUT}.tools", "must be a list of tool definitions (objects)"))
+    for key in (PREFERRED, NON_PREFERRED):
+        reply = record.get(key)
+        if not isinstance(reply, list) or len(reply) != 1:
+            out.append((key, "must be a list holding one assistant message, e.g. "
+                        '[{"role": "assistant", "content": "..."}]'))
+            continue
+        inner = []
+        _check_message(0, reply[0], inner)
+        out.extend((f"{key}[0]{field.removeprefix('messages[0]')}", message) for field, message in inner)
+        if isinstance(reply[0], dict) and reply[0].get("role") != "assistant":
+            out.append((f"{key}[0].role", f"must be 'assistant', got {reply[0].get('role')!r}"))
+        if isinstance(reply[0], dict) and "weight" in reply[0]:
+            out.append((f"{key}[0].weight", "a preferred or non-preferred reply carries no weight: remove it"))
+    if (isinstance(record.get(PREFERRED), list) and isinstance(record.get(NON_PREFERRED), list)
+            and record[PREFERRED] == record[NON_PREFERRED]):
+        out.append((NON_PREFERRED, "is the same reply as preferred_output: nothing to prefer"))
+
+
+def tokenize_preference(tokenizer: Any, record: dict[str, Any], max_seq_len: int,
+                        system_message: str = "keep") -> Pair:
+    """The pair's two conversations, each truncated to `max_seq_len`, trained on the reply only.
+    Raises TemplateError when the template refuses the conversation."""
+    from eft.training.chat import tokenize_chat
+
+    prompt = record[INPUT]
+    out = []
+    for key in (PREFERRED, NON_PREFERRED):
+        reply = {k: v for k, v in record[key][0].items() if k != "weight"}
+        ids, trained = tokenize_chat(tokenizer, [*prompt["messages"], reply], prompt.get("tools"),
+                                     "last_assistant", system_message)
+        labels = [t if keep else IGNORE_INDEX for t, keep in zip(ids, trained)]
+        out.append(Example(ids[:max_seq_len], labels[:max_seq_len]))
+    return Pair(*out)
+
+
+# --- the loss --------------------------------------------------------------------------------
+
+
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, bounds: Sequence[tuple[int, int, int]]) -> torch.Tensor:
+    """Summed log-probability of each sequence's trained tokens: `logits` [rows, T, V] predict
+    `labels` [rows, T] shifted by one; `bounds` lists each sequence as (row, start, end) within
+    the rows (a padded batch: one whole row each; a packed row: the examples' boundaries).
+
+    Each sequence's sum goes through the chunked cross-entropy of supervised training
+    (`steps.token_cross_entropy_sum`), so full-vocabulary fp32 log-probabilities never exist."""
+    import torch
+
+    from eft.training.steps import token_cross_entropy_sum
+
+    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
+    return torch.stack([-token_cross_entropy_sum(logits[row, start:end], targets[row, start:end])
+                        for row, start, end in bounds])
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-pair DPO losses and the chosen and rejected rewards (detached), all fp32 [pairs]."""
+    import torch.nn.functional as F
+
+    chosen = policy_chosen.float() - ref_chosen.float()
+    rejected = policy_rejected.float() - ref_rejected.float()
+    losses = -F.logsigmoid(beta * (chosen - rejected))
+    return losses, (beta * chosen).detach(), (beta * rejected).detach()
+
+
+def pair_sequences(pairs: Sequence[Pair]) -> list[Example]:
+    """The micro-batch's sequences in the order the loss reads them: every chosen, then every
+    rejected (so the first half of the log-probabilities are the chosen ones)."""
+    return [p.chosen for p in pairs] + [p.rejected for p in pairs]
+
+
+def sequence_bounds(batch: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]:
+    """(row, start, end) of each sequence of a collated batch: the packed boundaries of its one
+    row, or each padded row whole."""
+    if "cu_seq_lens" in batch:
+        cuts = batch["cu_seq_lens"].tolist()
+        return [(0, cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+    rows, length = batch["input_ids"].shape
+    return [(row, 0, length) for row in range(rows)]
+
+
+#: Metrics of a DPO step, summed over the pairs (the loop divides by the pair count).
+PAIR_METRICS = ("rewards_chosen", "rewards_rejected", "reward_margin", "reward_accuracy")
+
+
+def micro_batch_loss(policy: torch.Tensor, reference: torch.Tensor, beta: float,
+                     weight: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A micro-batch's summed DPO loss (with its graph) and the sums of its pair metrics
+    (detached device tensors: read only at reports), from the sequences' log-probabilities under
+    the policy and the reference in `pair_sequences` order. `weight` 0 makes a pass that only
+    joins the collectives."""
+    n = policy.shape[0] // 2
+    losses, chosen, rejected = dpo_loss(policy[:n], policy[n:], reference[:n], reference[n:], beta)
+    margin = chosen - rejected
+    sums = {"rewards_chosen": chosen.sum() * weight, "rewards_rejected": rejected.sum() * weight,
+            "reward_margin": margin.sum() * weight, "reward_accuracy": (margin > 0).float().sum() * weight}
+    return losses.sum() * weight, sums
+
+
+def pair_logps(model: Any, batch: dict[str, Any], bounds: Sequence[tuple[int, int, int]]) -> torch.Tensor:
+    """Summed log-probabilities of a collated micro-batch's sequences (`pair_sequences` order)
+    under `model`, on the device."""
+    from eft.training.steps import MODEL_INPUTS
+
+    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    logits = model(**inputs, use_cache=False).logits
+    return sequence_logps(logits, batch["labels"], bounds)
