@@ -45,7 +45,7 @@ from eft._errors import APIStatusError, EftError
 from eft.client import Client, __version__
 
 app = typer.Typer(help="Elastic fine-tuning on Ray.", no_args_is_help=True)
-jobs_app = typer.Typer(help="Create, inspect, cancel and wait for fine-tuning jobs.",
+jobs_app = typer.Typer(help="Create, inspect, pause, resume, cancel and wait for fine-tuning jobs.",
                        no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
 # Piped into another program, lines are never wrapped or cut: ids and paths stay whole.
@@ -305,6 +305,16 @@ def jobs_cancel(ctx: typer.Context, job_id: JobId, as_json: AsJson = False) -> N
     _show_job(_client(ctx).jobs.cancel(job_id), as_json)
 
 
+def jobs_pause(ctx: typer.Context, job_id: JobId, as_json: AsJson = False) -> None:
+    """Pause a job: it checkpoints at once and releases its workers: `eft jobs pause ftjob-...`."""
+    _show_job(_client(ctx).jobs.pause(job_id), as_json)
+
+
+def jobs_resume(ctx: typer.Context, job_id: JobId, as_json: AsJson = False) -> None:
+    """Resume a paused job from its pause checkpoint: `eft jobs resume ftjob-...`."""
+    _show_job(_client(ctx).jobs.resume(job_id), as_json)
+
+
 def jobs_events(
     ctx: typer.Context,
     job_id: JobId,
@@ -335,7 +345,7 @@ def jobs_checkpoints(ctx: typer.Context, job_id: JobId, as_json: AsJson = False)
 # `keys`) arrive through the `eft.commands` entry-point group (eft/_plugins.py).
 COMMANDS: dict[str, Callable[..., None]] = {
     "jobs create": jobs_create, "jobs list": jobs_list, "jobs get": jobs_get,
-    "jobs cancel": jobs_cancel, "jobs events": jobs_events, "jobs checkpoints": jobs_checkpoints,
+    "jobs cancel": jobs_cancel, "jobs pause": jobs_pause, "jobs resume": jobs_resume, "jobs events": jobs_events, "jobs checkpoints": jobs_checkpoints,
 }
 GROUPS: dict[str, typer.Typer] = {"": app, "jobs": jobs_app}
 from eft import _plugins, cli_files, cli_models, cli_plan, cli_watch  # noqa: E402

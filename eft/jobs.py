@@ -101,6 +101,16 @@ class Jobs:
         """Ask the job to stop (POST /jobs/{id}/cancel); returns it, usually `cancelling`."""
         return self._client._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
 
+    def pause(self, job_id: str) -> Job:
+        """Pause the job (POST /jobs/{id}/pause): it checkpoints at once and releases its
+        workers; returns it `pausing` (then `paused`), or `paused` when it was queued."""
+        return self._client._request("POST", f"/jobs/{job_id}/pause", cast=Job)
+
+    def resume(self, job_id: str) -> Job:
+        """Queue a paused job again (POST /jobs/{id}/resume); it continues from its pause
+        checkpoint with as many workers as the cluster gives."""
+        return self._client._request("POST", f"/jobs/{job_id}/resume", cast=Job)
+
     def list_events(self, job_id: str, after: int | None = None, limit: int = 100) -> JobEventList:
         """Return the job's events with id greater than `after`, oldest first."""
         return self._client._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
@@ -225,6 +235,12 @@ class AsyncJobs:
 
     async def cancel(self, job_id: str) -> Job:
         return await self._client._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
+
+    async def pause(self, job_id: str) -> Job:
+        return await self._client._request("POST", f"/jobs/{job_id}/pause", cast=Job)
+
+    async def resume(self, job_id: str) -> Job:
+        return await self._client._request("POST", f"/jobs/{job_id}/resume", cast=Job)
 
     async def list_events(self, job_id: str, after: int | None = None, limit: int = 100) -> JobEventList:
         return await self._client._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,

@@ -76,7 +76,7 @@ def run(job_id: str, attempt: int) -> int:
         return 2
     store = Store(settings.resolved_database_url, migrate=False)
     job = store.get_job(job_id)
-    if job.attempt != attempt or job.status not in (JobStatus.running, JobStatus.cancelling):
+    if job.attempt != attempt or job.status not in (JobStatus.running, JobStatus.pausing, JobStatus.cancelling):
         log.warning("job %s is %s on attempt %s; attempt %s exits", job_id, job.status, job.attempt, attempt)
         return 0
     # One engine per process: the driver's reporter shares this store.

@@ -143,7 +143,7 @@ class JobService:
             if job.status is JobStatus.cancelling:
                 return to_wire(job)
             try:
-                if job.status is JobStatus.running:
+                if job.status in (JobStatus.running, JobStatus.pausing):
                     job = self.store.transition(job_id, JobStatus.cancelling, "cancel requested",
                                                 expected_status=job.status)
                     if job.submission_id:
@@ -156,6 +156,48 @@ class JobService:
             return to_wire(job)
         raise Conflict(f"job {job_id} kept changing status; try the cancel again", code="job_busy",
                        param="job_id")
+
+    def pause(self, job_id: str, tenant: str) -> Job:
+        """Pause a job. A running one checkpoints at once (as on a preemption notice), releases
+        its workers and ends `paused`; a queued one is held back. Raises Conflict for a job in
+        any other status, naming it."""
+        for _ in range(CANCEL_TRIES):
+            job = self.store.get_job(job_id, tenant)
+            if job.status in (JobStatus.pausing, JobStatus.paused):
+                return to_wire(job)
+            if job.status not in (JobStatus.running, JobStatus.queued):
+                raise Conflict(f"job {job_id} is {job.status.value}: only a running or queued job can be paused"
+                               + ("; wait until it is queued" if job.status is JobStatus.validating else ""),
+                               code="job_not_pausable", param="job_id")
+            try:
+                if job.status is JobStatus.running:
+                    job = self.store.transition(job_id, JobStatus.pausing, "pause requested: the workers "
+                                                "checkpoint at the next check and stop", expected_status=job.status)
+                else:
+                    job = self.store.transition(job_id, JobStatus.paused, "paused before it ran",
+                                                expected_status=job.status, data={"step": job.step})
+            except Conflict:
+                continue
+            return to_wire(job)
+        raise Conflict(f"job {job_id} kept changing status; try the pause again", code="job_busy", param="job_id")
+
+    def resume(self, job_id: str, tenant: str) -> Job:
+        """Queue a paused job again: its next attempt resumes from the pause checkpoint with as
+        many workers as the cluster gives (between the job's minimum and maximum). Raises
+        Conflict for a job that is not paused."""
+        job = self.store.get_job(job_id, tenant)
+        if job.status is not JobStatus.paused:
+            raise Conflict(f"job {job_id} is {job.status.value}, not paused: only a paused job can be resumed",
+                           code="job_not_paused", param="job_id")
+        try:
+            job = self.store.transition(job_id, JobStatus.queued, f"resume requested at step {job.step}",
+                                        expected_status=JobStatus.paused, event_type="resume_requested",
+                                        data={"step": job.step})
+        except Conflict:
+            job = self.store.get_job(job_id, tenant)
+        if self.on_created is not None:
+            self.on_created()  # wake the scheduler, as for a new job
+        return to_wire(job)
 
     def events(self, job_id: str, tenant: str, after: int | None, limit: int) -> JobEventList:
         self.store.get_job(job_id, tenant)

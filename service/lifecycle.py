@@ -6,6 +6,7 @@ every change leaves an event behind.
 
     validating -> queued -> running -> succeeded | failed | cancelled
                                     \\-> cancelling -> cancelled
+                                    \\-> pausing -> paused -> queued (resume)
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ S = JobStatus
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     S.validating: frozenset({S.queued, S.failed, S.cancelled}),
-    S.queued: frozenset({S.running, S.failed, S.cancelled}),
+    S.queued: frozenset({S.running, S.failed, S.cancelled, S.paused}),
     # running -> queued: the job's Ray Job vanished (head lost, dispatch failed) and it is
     # dispatched again as a new attempt that resumes from its latest checkpoint.
-    S.running: frozenset({S.queued, S.succeeded, S.failed, S.cancelling, S.cancelled}),
+    S.running: frozenset({S.queued, S.succeeded, S.failed, S.cancelling, S.cancelled, S.pausing}),
+    # Asked to pause: the workers checkpoint and stop (paused); the job may still finish or
+    # fail first, or be cancelled meanwhile.
+    S.pausing: frozenset({S.paused, S.succeeded, S.failed, S.cancelling, S.cancelled}),
+    # Resumed (queued again, to resume from its pause checkpoint) or cancelled.
+    S.paused: frozenset({S.queued, S.cancelled}),
     # A job asked to stop may still finish or fail before the stop lands; both are recorded.
     S.cancelling: frozenset({S.cancelled, S.succeeded, S.failed}),
     S.succeeded: frozenset(),
@@ -35,6 +41,8 @@ EVENT_FOR: dict[JobStatus, str] = {
     S.validating: "created",
     S.queued: "queued",
     S.running: "dispatched",
+    S.pausing: "pause_requested",
+    S.paused: "paused",
     S.cancelling: "cancel_requested",
     S.succeeded: "succeeded",
     S.failed: "failed",

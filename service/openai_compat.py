@@ -28,7 +28,8 @@ BASE_LEARNING_RATE = 2e-4
 ORGANIZATION_PREFIX = "org-"
 STATUS = {
     JobStatus.validating: "validating_files", JobStatus.queued: "queued",
-    JobStatus.running: "running", JobStatus.cancelling: "cancelled",
+    JobStatus.running: "running", JobStatus.pausing: "running", JobStatus.paused: "paused",
+    JobStatus.cancelling: "cancelled",
     JobStatus.succeeded: "succeeded", JobStatus.failed: "failed", JobStatus.cancelled: "cancelled",
 }
 LEVEL = {"info": "info", "warning": "warn", "error": "error"}

@@ -23,7 +23,7 @@ from eft.service.settings import Settings
 from eft.service.db import writing
 from eft.service.store import Store, jobs, utcnow
 
-ACTIVE = (JobStatus.validating, JobStatus.queued, JobStatus.running, JobStatus.cancelling)
+ACTIVE = (JobStatus.validating, JobStatus.queued, JobStatus.running, JobStatus.pausing, JobStatus.cancelling)
 
 
 class QuotaExceeded(ServiceError):

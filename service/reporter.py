@@ -62,6 +62,20 @@ class StoreReporter:
     def counts(self, **deltas: int) -> None:
         self.store.add_counts(self.job_id, attempt=self.attempt, **deltas)
 
+    def pause_requested(self) -> bool:
+        job = self.store.get_job(self.job_id)
+        return job.status is JobStatus.pausing and job.attempt == self.attempt
+
+    def paused(self, step: int) -> bool:
+        try:
+            self.store.transition(self.job_id, JobStatus.paused, f"paused at step {step}: the workers "
+                                  "checkpointed and stopped; POST /jobs/{id}/resume continues from there",
+                                  expected_attempt=self.attempt, expected_status=JobStatus.pausing, step=step,
+                                  data={"step": step})
+        except Conflict:
+            return False
+        return True
+
     def succeeded(self, artifact_path: str, metrics: dict[str, float], step: int) -> bool:
         try:
             self.store.transition(

@@ -31,7 +31,7 @@ from eft.training.config import TrainConfig
 log = logging.getLogger("eft.scheduler")
 
 Validator = Callable[[JobRecord, Settings], tuple[Any, dict[str, Any]]]
-ACTIVE = (JobStatus.running, JobStatus.cancelling)
+ACTIVE = (JobStatus.running, JobStatus.pausing, JobStatus.cancelling)
 MAX_DISPATCH_FAILURES = 3
 MAX_VALIDATION_FAILURES = 3
 
@@ -229,6 +229,12 @@ class Scheduler:
         if job.status is JobStatus.cancelling:
             self._safe_transition(job, JobStatus.cancelled, "stopped on request",
                                   data={"ray_state": ray_state})
+            return
+        if job.status is JobStatus.pausing:
+            # Whatever it had saved is where it resumes: its latest checkpoint.
+            self._safe_transition(job, JobStatus.paused, f"the driver ended (Ray Job {ray_state}) while "
+                                  "pausing; a resume continues from the latest checkpoint",
+                                  data={"ray_state": ray_state, "step": job.step})
             return
         if job.status is not JobStatus.running:
             return

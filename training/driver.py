@@ -352,6 +352,11 @@ def run(cfg: TrainConfig, spec: RunSpec, reporter: Reporter) -> int:
     final_metrics = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     # The sink flushes the trackers' last steps before the artifact takes their files.
     ray.get(sink.close.remote())
+    if final_metrics.get("paused"):
+        step = int(final_metrics.get("step", 0))
+        if reporter.paused(step):
+            log.info("job paused at step %s; its workers are released", step)
+        return 0
     with result.checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as scratch:
         manifest = artifacts.build_manifest(cfg, final_metrics, spec.attempt)
         adapter = with_tensorboard(cfg.artifact_root, spec.job_id, Path(directory) / "adapter", Path(scratch))

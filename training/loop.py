@@ -127,6 +127,10 @@ class Recipe:
         self.dpo = cfg.objective == "dpo"
         self.reference: torch.nn.Module | None = None  # DPO of every weight: the frozen base
         self.eval_extra: dict[str, float] = {}  # DPO: the last evaluation's reward metrics
+        # Pause: rank 0 asks the progress sink at each check without waiting (one call in
+        # flight); once asked, the workers checkpoint and stop.
+        self.pause_seen, self._pause_ref = False, None
+        self.paused = False
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -176,6 +180,9 @@ class Recipe:
             if self.rank == 0 and self.sink is not None:
                 ray.get(self.sink.resumed.remote(self.step, self.world_size, state.get("reason", "interval"),
                                                  time.perf_counter() - started))
+        if self.rank == 0 and self.sink is not None:
+            # Asked before the workers started: pause at the first check.
+            self.pause_seen = bool(ray.get(self.sink.pause_requested.remote()))
 
     # --- train ---------------------------------------------------------------------------
 
@@ -418,18 +425,32 @@ class Recipe:
         if wait:
             ray.get(ref)
 
-    def _checks_due(self) -> tuple[float | None, bool]:
+    def _pause_requested(self) -> bool:
+        """Rank 0: whether the job was asked to pause, as far as the sink has answered (the
+        question is asked again once answered; nothing here waits)."""
+        if self.rank != 0 or self.sink is None or self.pause_seen:
+            return self.pause_seen
+        if self._pause_ref is not None:
+            ready, _ = ray.wait([self._pause_ref], timeout=0)
+            if not ready:
+                return False
+            self.pause_seen = bool(ray.get(self._pause_ref))
+        self._pause_ref = None if self.pause_seen else self.sink.pause_requested.remote()
+        return self.pause_seen
+
+    def _checks_due(self) -> tuple[float | None, bool, bool]:
         """At a check step: (the preemption deadline in ms, 0 if none, when any rank has a
-        notice, else None; whether the time-based checkpoint interval has passed), agreed by
-        every rank in one collective."""
+        notice, else None; whether the time-based checkpoint interval has passed; whether the
+        job was asked to pause), agreed by every rank in one collective."""
         notice = delivered_preemption_notice()
         overdue = bool(self.cfg.checkpoint_every_seconds) and (
             time.monotonic() - self.last_checkpoint_at >= self.cfg.checkpoint_every_seconds)
-        noticed, deadline_ms, overdue_any = _all_reduce_sum(
-            [float(notice is not None), float(notice.deadline_ms or 0) if notice else 0.0, float(overdue)],
+        noticed, deadline_ms, overdue_any, pause = _all_reduce_sum(
+            [float(notice is not None), float(notice.deadline_ms or 0) if notice else 0.0, float(overdue),
+             float(self._pause_requested())],
             self.device, op="max",
         )
-        return (deadline_ms if noticed else None), overdue_any > 0
+        return (deadline_ms if noticed else None), overdue_any > 0, pause > 0
 
     def _wait_out_preemption(self, deadline_ms: float) -> None:
         """After the preemption checkpoint, train no further (every later step would be lost)
@@ -456,12 +477,12 @@ class Recipe:
             at_log = self.step % cfg.log_every_steps == 0 or self.step in (1, cfg.total_steps)
             at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and self.step < cfg.total_steps
             at_eval = bool(cfg.eval_every_steps) and self.step % cfg.eval_every_steps == 0 and self.step < cfg.total_steps
-            preempt_deadline_ms, overdue = None, False
+            preempt_deadline_ms, overdue, pausing = None, False, False
             if self.step >= next_check and self.step < cfg.total_steps:
-                preempt_deadline_ms, overdue = self._checks_due()
+                preempt_deadline_ms, overdue, pausing = self._checks_due()
                 next_check = self.step + check_every
             preempting = preempt_deadline_ms is not None
-            if not (at_log or at_ckpt or at_eval or preempting or overdue):
+            if not (at_log or at_ckpt or at_eval or preempting or overdue or pausing):
                 continue
             # Decided by step count and by collectives, so every rank joins the same
             # collectives and reports.
@@ -477,6 +498,12 @@ class Recipe:
             if preempting:
                 self._report(metrics, with_checkpoint=True, reason="preemption")
                 self._wait_out_preemption(preempt_deadline_ms)
+            if pausing:
+                # Checkpointed as on a preemption notice, then the workers end: the driver
+                # marks the job paused, and a resume continues from this checkpoint.
+                self._report({**metrics, "paused": 1.0}, with_checkpoint=True, reason="pause")
+                self.paused = True
+                return
             if self.stopped_early:
                 return  # the final checkpoint comes next, at this step
             if at_ckpt or overdue:
@@ -659,7 +686,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     try:
         recipe.setup()
         recipe.train()
-        recipe.finish()
+        if not recipe.paused:
+            recipe.finish()
     except torch.OutOfMemoryError as exc:
         raise TrainingUserError(
             "user_error.out_of_memory",

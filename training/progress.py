@@ -46,6 +46,10 @@ class ProgressSink:
         """An event of the job from rank 0 (an early stop, replies to validation prompts)."""
         self.reporter.event(type_, message, data)
 
+    def pause_requested(self) -> bool:
+        """Whether the job was asked to pause (rank 0 asks at its checks, without waiting)."""
+        return bool(self.reporter.pause_requested())
+
     def close(self) -> None:
         """Flush and close the trackers (the driver calls this before publishing)."""
         for tracker in self.trackers:

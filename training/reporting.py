@@ -68,5 +68,12 @@ class Reporter(Protocol):
     def succeeded(self, artifact_path: str, metrics: dict[str, float], step: int) -> bool:
         """The adapter is published. False: the job moved on (cancelled, requeued) meanwhile."""
 
+    def pause_requested(self) -> bool:
+        """Whether the job was asked to pause (checkpoint now and stop)."""
+
+    def paused(self, step: int) -> bool:
+        """The workers checkpointed at `step` and stopped on a pause request. False: the job
+        moved on meanwhile."""
+
     def failed(self, code: str, message: str, param: str | None) -> None:
         """The attempt failed; `code` tells a user error (`user_error.*`) from a platform one."""

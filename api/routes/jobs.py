@@ -59,6 +59,20 @@ def cancel_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> Jo
     return service.cancel(job_id, tenant)
 
 
+@router.post("/{job_id}/pause", response_model=Job)
+def pause_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> Job:
+    """Pause a job: a running one checkpoints at once, releases its workers and ends `paused`
+    (through `pausing`); a queued one is held back. 409 `job_not_pausable` otherwise."""
+    return service.pause(job_id, tenant)
+
+
+@router.post("/{job_id}/resume", response_model=Job)
+def resume_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> Job:
+    """Queue a paused job again; it resumes from its pause checkpoint at whatever world size
+    the cluster gives (within its scaling). 409 `job_not_paused` otherwise."""
+    return service.resume(job_id, tenant)
+
+
 @router.get("/{job_id}/events", response_model=JobEventList)
 def list_events(
     job_id: str,

@@ -68,6 +68,16 @@ def cancel_fine_tuning_job(job_id: str, service: JobServiceDep, tenant: CurrentT
     return to_openai_job(service.cancel(job_id, tenant), _owner(service, job_id, tenant))
 
 
+@router.post("/{job_id}/pause", response_model=FineTuningJob)
+def pause_fine_tuning_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> FineTuningJob:
+    return to_openai_job(service.pause(job_id, tenant), _owner(service, job_id, tenant))
+
+
+@router.post("/{job_id}/resume", response_model=FineTuningJob)
+def resume_fine_tuning_job(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> FineTuningJob:
+    return to_openai_job(service.resume(job_id, tenant), _owner(service, job_id, tenant))
+
+
 @router.get("/{job_id}/events", response_model=FineTuningJobEventList)
 def list_fine_tuning_events(
     job_id: str,

@@ -41,6 +41,9 @@ _LIST = """<h1>Jobs</h1><p id="error" class="error" hidden></p>
 <th>Model</th><th>Workers</th><th>Created</th></tr></thead><tbody></tbody></table>"""
 
 _JOB = """<h1 id="title">{job_id}</h1><p id="error" class="error" hidden></p>
+<p id="actions"><button type="button" id="pause" hidden>Pause</button>
+<button type="button" id="resume" hidden>Resume</button>
+<button type="button" id="cancel" hidden>Cancel</button></p>
 <section class="summary"><dl id="summary"></dl></section>
 <section class="charts">
 <figure><figcaption>Loss and eval loss by step</figcaption><div id="loss-chart" class="chart"></div></figure>

@@ -168,7 +168,31 @@ async function setupAdminLinks() {
   if (dashboard) document.getElementById("admin-links").replaceChildren(link(dashboard, "Ray dashboard"));
 }
 
+// Pause (checkpoint now, release the workers), resume and cancel, offered as the status allows.
+const ACTIONS = {
+  pause: new Set(["queued", "running"]), resume: new Set(["paused"]),
+  cancel: new Set(["validating", "queued", "running", "pausing", "paused"]),
+};
+
+function drawActions(job) {
+  for (const [action, statuses] of Object.entries(ACTIONS)) {
+    const button = document.getElementById(action);
+    button.hidden = !statuses.has(job.status);
+    button.onclick = async () => {
+      button.disabled = true;
+      try {
+        drawActions(await api(`/jobs/${encodeURIComponent(job.id)}/${action}`, { method: "POST" }));
+      } catch (error) {
+        showError(error);
+      } finally {
+        button.disabled = false;
+      }
+    };
+  }
+}
+
 function drawSummary(job, latest) {
+  drawActions(job);
   const items = [
     ["Name", job.name], ["Status", job.status], ["Progress", progressBar(job)], ["ETA", eta(job)],
     ["Model", job.model], ["Method", job.method && job.method.type], ["Strategy", (job.resolved || {}).strategy || job.strategy],

@@ -25,6 +25,10 @@ class JobStatus(str, Enum):
     validating = "validating"
     queued = "queued"
     running = "running"
+    #: Asked to pause: the workers checkpoint at once and stop; then `paused`.
+    pausing = "pausing"
+    #: Stopped at a checkpoint, holding no workers; `POST /jobs/{id}/resume` queues it again.
+    paused = "paused"
     cancelling = "cancelling"
     succeeded = "succeeded"
     failed = "failed"

@@ -103,7 +103,7 @@ class FineTuningJob(_Response):
         "succeeded; `GET /jobs/{id}` gives its files' location as `artifact_path`.")
     organization_id: str
     result_files: list[str] = Field(default_factory=list)
-    status: Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
+    status: Literal["validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"]
     training_file: str
     validation_file: str | None = None
     hyperparameters: dict[str, Any]

@@ -176,6 +176,59 @@ def test_resume_at_another_world_size(strategy, train):
     assert rest.job.result_metrics["world_size"] == 1
 
 
+def _paused_then_resumed(cfg: TrainConfig, store_url: str, resume_workers: int) -> tuple[object, Run]:
+    """A job asked to pause as its first attempt starts (so it pauses at the first check, step 1),
+    then resumed as the service resumes it: queued again, a second attempt on `resume_workers`
+    workers under the same run name. Returns (the paused job's record, the resumed run)."""
+    store = Store(store_url)
+    job = store.create_job(tenant="tests", request={}, name=cfg.job_id)
+    store.transition(job.id, JobStatus.queued, "validated", config=cfg.to_dict(), total_steps=cfg.total_steps)
+    store.transition(job.id, JobStatus.running, "dispatching attempt 1", attempt=1)
+    store.transition(job.id, JobStatus.pausing, "pause requested")
+    spec = RunSpec(job_id=job.id, attempt=1, tenant="tests", name=cfg.job_id)
+    assert driver.run(cfg, spec, StoreReporter(store_url, job.id, 1)) == 0
+    paused = store.get_job(job.id)
+    assert paused.status is JobStatus.paused, (paused.status, paused.error_message)
+    store.transition(job.id, JobStatus.queued, "resume requested")
+    store.transition(job.id, JobStatus.running, "dispatching attempt 2", attempt=2)
+    resumed_cfg = dataclasses.replace(cfg, min_workers=resume_workers, max_workers=resume_workers)
+    spec = RunSpec(job_id=job.id, attempt=2, tenant="tests", name=cfg.job_id)
+    assert driver.run(resumed_cfg, spec, StoreReporter(store_url, job.id, 2)) == 0
+    done = store.get_job(job.id)
+    assert done.status is JobStatus.succeeded, (done.error_code, done.error_message)
+    metrics = [m["values"] for m in store.list_metrics(job.id)]
+    weights = load_file(str(Path(done.artifact_path) / "adapter_model.safetensors"))
+    run = Run(done, {int(m["step"]): m["loss"] for m in metrics if "loss" in m},
+              {int(m["world_size"]) for m in metrics if "world_size" in m},
+              store.list_events(job.id, limit=1000)[0], weights)
+    store.close()
+    return paused, run
+
+
+@pytest.mark.parametrize("resume_workers", [2, 1])
+def test_pause_and_resume_equals_the_undisturbed_run(resume_workers, train, tmp_path_factory):
+    """Paused at once (checkpoint, workers released), resumed later: the same adapter as ddp's
+    undisturbed run, bitwise on as many workers, within round-off (rel L2 <= 1e-2) on fewer."""
+    (whole,) = train("ddp")
+    root = tmp_path_factory.mktemp(f"pause-{resume_workers}")
+    cfg = _config("ddp", root, root / "cache", f"pause-{resume_workers}")
+    paused, run = _paused_then_resumed(cfg, f"sqlite:///{root / 'jobs.db'}", resume_workers)
+    assert 1 <= paused.step < STEPS  # stopped part way, at its first check
+    events = {e.type: e.data for e in run.events}
+    assert events["paused"]["step"] == paused.step
+    assert events["resumed"]["step"] == paused.step and events["resumed"]["checkpoint_reason"] == "pause"
+    assert events["resumed"]["lost_steps"] == 0 and events["resumed"]["world_size"] == resume_workers
+    assert set(run.losses) == set(range(1, STEPS + 1))
+    assert set(run.weights) == set(whole.weights)
+    if resume_workers == 2:
+        for name, tensor in whole.weights.items():
+            assert torch.equal(run.weights[name], tensor), name
+    else:
+        diff = torch.cat([(run.weights[n] - t).flatten() for n, t in whole.weights.items()])
+        norm = torch.cat([t.flatten() for t in whole.weights.values()])
+        assert float(diff.norm() / norm.norm()) <= 1e-2
+
+
 #: Options, each trained once with the strategy they concern; several share a run where they
 #: combine in practice.
 OPTIONS = {

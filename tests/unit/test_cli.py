@@ -151,6 +151,15 @@ def test_jobs_get_and_cancel_show_the_job(serve):
     assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "cancelling"
 
 
+def test_jobs_pause_and_resume_show_the_job(serve):
+    serve({("POST", "/jobs/ftjob-1/pause"): httpx.Response(200, json=job_json(status="pausing")),
+           ("POST", "/jobs/ftjob-1/resume"): httpx.Response(200, json=job_json(status="queued"))})
+    result = invoke("jobs", "pause", "ftjob-1", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "pausing"
+    result = invoke("jobs", "resume", "ftjob-1")
+    assert result.exit_code == 0 and "queued" in result.stdout
+
+
 def test_jobs_events_table(serve):
     event = {"id": 3, "job_id": "ftjob-1", "created_at": "2025-01-01T00:00:00Z",
              "type": "worker_group_resized", "message": "grew to 2 workers"}

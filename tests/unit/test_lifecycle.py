@@ -15,6 +15,10 @@ EXPECTED_EDGES = {
     (S.running, S.queued), (S.running, S.succeeded), (S.running, S.failed),
     (S.running, S.cancelling), (S.running, S.cancelled),
     (S.cancelling, S.cancelled), (S.cancelling, S.succeeded), (S.cancelling, S.failed),
+    # pause and resume
+    (S.queued, S.paused), (S.running, S.pausing),
+    (S.pausing, S.paused), (S.pausing, S.succeeded), (S.pausing, S.failed), (S.pausing, S.cancelling),
+    (S.pausing, S.cancelled), (S.paused, S.queued), (S.paused, S.cancelled),
 }
 ALL_PAIRS = list(itertools.product(JobStatus, JobStatus))
 
