@@ -135,6 +135,7 @@ def start_ray_head(num_cpus: int | None) -> None:
 def _service_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k.startswith("EFT_")}
     env.setdefault("EFT_HOME", str(settings.home))
+    env.setdefault("EFT_WEBHOOK_ALLOW_LOOPBACK", "true")  # local mode: http://127.0.0.1 receivers
     return env
 
 

@@ -6,6 +6,9 @@ these; tests/integration/test_migrations.py checks):
 - `api_keys`: keys stored as SHA-256 digests; each belongs to one tenant and has a role.
 - `files`: uploaded datasets, stored under `EFT_FILES_ROOT` as `<id>.jsonl`.
 - `idempotency_keys`: one row per (tenant, Idempotency-Key): the request's digest and what it made.
+- `webhook_secrets`, `webhook_endpoints`: each tenant's signing secret and its webhook URLs.
+- `webhook_deliveries`, `webhook_attempts`: each event owed to a URL (an outbox written in the
+  transaction that changed the job) and every attempt to deliver it.
 """
 
 from __future__ import annotations
@@ -140,4 +143,51 @@ idempotency_keys = sa.Table(
     # Null while the first request is still creating its resource.
     sa.Column("resource_id", sa.String(64)),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+webhook_secrets = sa.Table(
+    "webhook_secrets",
+    metadata,
+    sa.Column("tenant", sa.String(128), primary_key=True),
+    sa.Column("secret", sa.String(128), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+webhook_endpoints = sa.Table(
+    "webhook_endpoints",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("tenant", sa.String(128), nullable=False, index=True),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("events", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id"), nullable=False, index=True),
+    sa.Column("event_id", sa.String(64), nullable=False),
+    sa.Column("event_type", sa.String(64), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("payload", sa.JSON, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False, index=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("delivered_at", sa.DateTime(timezone=True)),
+)
+
+webhook_attempts = sa.Table(
+    "webhook_attempts",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("delivery_id", sa.Integer, sa.ForeignKey("webhook_deliveries.id"), nullable=False, index=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("status_code", sa.Integer),
+    sa.Column("error", sa.Text),
+    sa.Column("seconds", sa.Float, nullable=False),
 )

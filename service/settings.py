@@ -190,6 +190,21 @@ class Settings(BaseSettings):
         "(fewer when the context has less room)."
     )
 
+    webhook_allow_loopback: bool = Field(
+        False, description="Let webhooks go to plain-http loopback URLs (127.0.0.1, localhost): local "
+        "mode (`eft up` sets it). Otherwise a webhook URL must be https.")
+    webhook_allow_private: bool = Field(
+        False, description="Let webhooks go to private, loopback or link-local addresses (a URL whose "
+        "host resolves to one is refused otherwise, at creation and at every delivery).")
+    webhook_retry_base_s: float = Field(
+        5.0, gt=0, description="Wait before the second delivery attempt of a webhook; it doubles with each "
+        "failed attempt, up to EFT_WEBHOOK_RETRY_MAX_S.")
+    webhook_retry_max_s: float = Field(3600.0, gt=0, description="Longest wait between two delivery attempts.")
+    webhook_retry_for_s: float = Field(
+        86400.0, gt=0, description="How long a webhook is retried before it is given up (a day).")
+    webhook_timeout_s: float = Field(10.0, gt=0, description="Time a receiver has to answer one delivery.")
+    webhook_poll_interval_s: float = Field(1.0, gt=0, description="How often a replica looks for webhooks due.")
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
