@@ -28,6 +28,7 @@ from eft.api.routes import manifest as manifest_routes
 from eft.api.routes import models as models_routes
 from eft.api.routes import metrics as metrics_routes
 from eft.api.routes import ui as ui_routes
+from eft.api.routes import webhooks as webhooks_routes
 from eft.service.auth import KeyStore
 from eft.service.errors import Problem, RequestInvalid, ServiceError
 from eft.service.file_checks import owned_inputs
@@ -160,6 +161,7 @@ def create_app(job_service: JobService, models: Any = None) -> FastAPI:
     app.include_router(logs_routes.router, responses=ERROR_RESPONSES)
     app.include_router(manifest_routes.router, responses=ERROR_RESPONSES)
     app.include_router(artifacts.router, responses=ERROR_RESPONSES)
+    app.include_router(webhooks_routes.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
     ui_routes.install(app)
 
     @app.get("/me", response_model=Caller, tags=["auth"], responses=ERROR_RESPONSES)

@@ -49,6 +49,10 @@ class EftService:
             target=self.scheduler.run_forever, name="eft-scheduler", daemon=True
         )
         self._thread.start()
+        from eft.service.webhooks import WebhookSender
+
+        self.webhooks = WebhookSender(self.job_service.store.engine, settings)
+        threading.Thread(target=self.webhooks.run_forever, name="eft-webhooks", daemon=True).start()
         log.info("eft service replica up; store %s", settings.resolved_database_url.split("@")[-1])
 
     def __serve_build_asgi_app__(self):  # noqa: ANN204 - Serve builds the app per replica
@@ -66,6 +70,7 @@ class EftService:
 
     def __del__(self) -> None:
         self.scheduler.stop()
+        self.webhooks.stop()
 
 
 app = EftService.bind(ModelServer.bind())

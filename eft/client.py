@@ -32,6 +32,7 @@ from eft._base import BaseClient, M, __version__, plan_body
 from eft.files import AsyncFiles, Files
 from eft.jobs import AsyncJobPage, AsyncJobs, JobPage, Jobs
 from eft.models import AsyncModels, Models
+from eft.webhooks import Webhooks
 from eft.types.jobs import Health
 from eft.types.plans import Plan, PlanRequest
 
@@ -51,6 +52,7 @@ class Client(BaseClient):
         self.jobs = Jobs(self)
         self.files = Files(self)
         self.models = Models(self)
+        self.webhooks = Webhooks(self)
 
     def health(self) -> Health:
         """Return the service's health (GET /healthz); raises `EftError` subclasses."""

@@ -14,6 +14,7 @@ import httpx
 
 from eft._base import EventParser, create_body, list_params, server_events
 from eft._errors import WaitTimeoutError
+from eft.types.webhooks import WebhookDeliveryList
 from eft.types.jobs import (
     Export,
     ExportList,
@@ -110,6 +111,10 @@ class Jobs:
         """Queue a paused job again (POST /jobs/{id}/resume); it continues from its pause
         checkpoint with as many workers as the cluster gives."""
         return self._client._request("POST", f"/jobs/{job_id}/resume", cast=Job)
+
+    def webhooks(self, job_id: str) -> WebhookDeliveryList:
+        """The job's webhook deliveries, each with every attempt (GET /jobs/{id}/webhooks)."""
+        return self._client._request("GET", f"/jobs/{job_id}/webhooks", cast=WebhookDeliveryList)
 
     def list_events(self, job_id: str, after: int | None = None, limit: int = 100) -> JobEventList:
         """Return the job's events with id greater than `after`, oldest first."""

@@ -23,7 +23,7 @@ from eft.types.jobs import (
     JobStatus,
 )
 from eft.service.auth import Principal
-from eft.service.errors import Conflict, JobNotFound, ModelNotFound, ServiceError
+from eft.service.errors import Conflict, JobNotFound, ModelNotFound, Problem, RequestInvalid, ServiceError
 from eft.service.file_checks import check_job_files
 from eft.service.files import FileStore
 from eft.service.inference import AdapterSource, BaseSource
@@ -101,6 +101,7 @@ class JobService:
 
         def create_once() -> str:
             check_job_files(req, principal.scope, self.files)
+            self.check_webhook(req, principal.tenant)
             # A quick refusal before the request's checks; the binding check is repeated in the
             # insert's own serialized transaction.
             check_quota(self.store, principal.tenant, req, self.settings)
@@ -119,6 +120,22 @@ class JobService:
         if created:  # the job as stored (a new job has no metrics): no second read
             return to_wire(created[0]), now
         return self.get(job_id, principal.tenant), now
+
+    def check_webhook(self, req: JobCreate, tenant: str) -> None:
+        """A job's `webhook_url` must be one this server sends to, and the tenant must have a
+        signing secret (made by POST /webhooks/secret or its first endpoint). Raises RequestInvalid."""
+        if not req.webhook_url:
+            return
+        from eft.service import webhooks
+
+        settings = self.settings
+        problem = webhooks.url_problem(req.webhook_url, settings.webhook_allow_loopback, settings.webhook_allow_private)
+        if problem:
+            raise RequestInvalid(problems=[Problem("webhook_url", "webhook_url_refused", f"the webhook URL {problem}")])
+        if not webhooks.has_secret(self.store.engine, tenant):
+            raise RequestInvalid(problems=[Problem(
+                "webhook_url", "webhook_secret_missing", "webhooks are signed with your tenant's secret, which it "
+                "has not made yet: POST /webhooks/secret (shown once), then create the job again")])
 
     def get(self, job_id: str, tenant: str) -> Job:
         job = self.store.get_job(job_id, tenant)

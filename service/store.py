@@ -324,6 +324,9 @@ class Store:
             return False
         self._insert_event(conn, job.id, values.get("attempt", job.attempt), change.event_type, change.level,
                            change.message, change.data)
+        from eft.service import webhooks
+
+        webhooks.enqueue(conn, job, target, now)  # in this transaction: none is lost
         return True
 
     def update_job(self, job_id: str, *, attempt: int | None = None, **values: Any) -> bool:

@@ -326,6 +326,10 @@ class JobCreate(_Request):
     data: DataOptions = Field(default_factory=DataOptions)
     name: str | None = Field(None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    webhook_url: str | None = Field(
+        None, min_length=8, max_length=2048,
+        description="Where this job's succeeded, failed, cancelled and paused events are sent, signed with the "
+        "tenant's webhook secret (POST /webhooks/secret makes it): an https URL.")
 
     @property
     def tuning(self) -> LoraMethod | QloraMethod | FullMethod:
@@ -367,6 +371,7 @@ class Job(_Response):
     data: DataOptions = Field(default_factory=DataOptions)
     name: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    webhook_url: str | None = None
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
