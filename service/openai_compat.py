@@ -60,6 +60,7 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
         "model": body.model, "training_file": body.training_file,
         "validation_file": body.validation_file, "hyperparameters": hyper, "method": method,
         "name": body.suffix, "metadata": body.metadata or {},
+        "integrations": [i.model_dump(exclude_none=True) for i in body.integrations or []],
     })
 
 
@@ -92,7 +93,7 @@ def to_openai_job(job: Job, tenant: str) -> FineTuningJob:
         trained_tokens=int(job.result_metrics["train_tokens"]) if "train_tokens" in job.result_metrics else None,
         error=error, seed=hp.seed, metadata=job.metadata or None, user_provided_suffix=job.name,
         result_files=[result_file_id(job.id)] if job.status is JobStatus.succeeded else [],
-        estimated_finish=_seconds(job.estimated_finish),
+        estimated_finish=_seconds(job.estimated_finish), integrations=list(job.integrations),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from eft.api.deps import CurrentPrincipal, CurrentTenant, IdempotencyKey, JobServiceDep
 from eft.types.openai import (
@@ -44,18 +44,37 @@ def create_fine_tuning_job(
     return to_openai_job(job, principal.tenant)
 
 
+def metadata_filter(request: Request) -> dict[str, str] | None:
+    """OpenAI's list filter: `metadata[key]=value` (every pair must match), or `metadata=null`
+    (jobs without metadata); None when the query has neither."""
+    wanted = {k[len("metadata["):-1]: v for k, v in request.query_params.multi_items()
+              if k.startswith("metadata[") and k.endswith("]")}
+    if wanted:
+        return wanted
+    return {} if request.query_params.get("metadata") == "null" else None
+
+
 @router.get("", response_model=FineTuningJobList)
 def list_fine_tuning_jobs(
+    request: Request,
     service: JobServiceDep,
     tenant: CurrentTenant,
     after: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> FineTuningJobList:
-    """Jobs newest first; `after` is the last job id of the previous page."""
-    page = service.list(tenant, limit, after, None)
-    records = {r.id: r.tenant for r in service.store.list_jobs(tenant=tenant, limit=limit, after=after)[0]}
-    return FineTuningJobList(data=[to_openai_job(j, records.get(j.id, "")) for j in page.data],
-                             has_more=page.has_more)
+    """Jobs newest first; `after` is the last job id of the previous page; `metadata[k]=v`
+    keeps the jobs whose metadata has every such pair (`metadata=null`: those with none)."""
+    wanted = metadata_filter(request)
+    found, has_more, cursor = [], True, after
+    while has_more and len(found) <= limit:
+        page = service.list(tenant, 100 if wanted is not None else limit, cursor, None)
+        has_more, cursor = page.has_more, page.next_cursor
+        found += [j for j in page.data if wanted is None or (
+            all(j.metadata.get(k) == v for k, v in wanted.items()) if wanted else not j.metadata)]
+        if wanted is None:
+            break
+    return FineTuningJobList(data=[to_openai_job(j, tenant or _owner(service, j.id, tenant)) for j in found[:limit]],
+                             has_more=len(found) > limit or has_more)
 
 
 @router.get("/{job_id}", response_model=FineTuningJob)

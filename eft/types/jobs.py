@@ -326,6 +326,10 @@ class JobCreate(_Request):
     data: DataOptions = Field(default_factory=DataOptions)
     name: str | None = Field(None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    integrations: list[dict[str, Any]] = Field(
+        default_factory=list, max_length=5,
+        description="OpenAI-style integrations (e.g. {\"type\": \"wandb\", \"wandb\": {\"project\": ...}}), "
+        "recorded with the job as sent (/v1 creates fill it).")
     webhook_url: str | None = Field(
         None, min_length=8, max_length=2048,
         description="Where this job's succeeded, failed, cancelled and paused events are sent, signed with the "
@@ -371,6 +375,7 @@ class Job(_Response):
     data: DataOptions = Field(default_factory=DataOptions)
     name: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    integrations: list[dict[str, Any]] = Field(default_factory=list)
     webhook_url: str | None = None
     created_at: datetime
     started_at: datetime | None = None

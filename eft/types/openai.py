@@ -66,6 +66,18 @@ class OpenAIMethod(_Request):
             DpoHyperparameters() if self.type == "dpo" else OpenAIHyperparameters())
 
 
+class WandbIntegration(_Request):
+    project: str = Field(..., min_length=1, max_length=128)
+    name: str | None = Field(None, max_length=128)
+    entity: str | None = Field(None, max_length=128)
+    tags: list[str] | None = Field(None, max_length=20)
+
+
+class Integration(_Request):
+    type: Literal["wandb"] = "wandb"
+    wandb: WandbIntegration
+
+
 class FineTuningJobCreate(_Request):
     """OpenAI's create request; `model` is a base model this service knows (e.g. tiny-llama)."""
 
@@ -77,7 +89,9 @@ class FineTuningJobCreate(_Request):
     suffix: str | None = Field(None, min_length=1, max_length=64)
     seed: int | None = Field(None, ge=0, le=2**31 - 1)
     metadata: dict[str, str] | None = Field(None, max_length=16)
-    integrations: list[Any] | None = Field(None, max_length=0, description="Not supported: leave empty.")
+    integrations: list[Integration] | None = Field(
+        None, max_length=5, description="Recorded with the job and returned as sent (OpenAI's wandb shape); the "
+        "job's metrics go to the trackers this service runs (TensorBoard, MLflow: `trackers` on /jobs).")
 
     @property
     def resolved_hyperparameters(self) -> OpenAIHyperparameters:

@@ -52,3 +52,42 @@ def test_files_and_jobs_through_the_openai_package(openai_client):
                                               hyperparameters={"n_epochs": 500})
     openai_client.fine_tuning.jobs.cancel(other.id)  # an upload a job still uses cannot be deleted
     assert openai_client.files.delete(f.id).deleted
+
+
+def test_metadata_filter_integrations_pause_and_metrics_events(openai_client, service):
+    """The list's `metadata[k]=v` filter (and `metadata=null`), integrations recorded as sent,
+    pause and resume, and each logged step as a `metrics` event in OpenAI's shape."""
+    from eft.types.jobs import JobStatus
+
+    _, store, _ = service
+    f = openai_client.files.create(file=("train.jsonl", (json.dumps(CHAT) + "\n").encode()), purpose="fine-tune")
+    wandb = [{"type": "wandb", "wandb": {"project": "tuning", "tags": ["a"]}}]
+    team_a = openai_client.fine_tuning.jobs.create(model="tiny-llama", training_file=f.id, metadata={"team": "a"},
+                                                   integrations=wandb)
+    team_b = openai_client.fine_tuning.jobs.create(model="tiny-llama", training_file=f.id,
+                                                   metadata={"team": "b", "run": "2"})
+    plain = openai_client.fine_tuning.jobs.create(model="tiny-llama", training_file=f.id)
+    assert team_a.integrations[0].type == "wandb" and team_a.integrations[0].wandb.project == "tuning"
+    listed = openai_client.fine_tuning.jobs.list(extra_query={"metadata[team]": "b"}).data
+    assert [j.id for j in listed] == [team_b.id]
+    listed = openai_client.fine_tuning.jobs.list(extra_query={"metadata[team]": "b", "metadata[run]": "3"}).data
+    assert listed == []
+    assert [j.id for j in openai_client.fine_tuning.jobs.list(extra_query={"metadata": "null"}).data] == [plain.id]
+    assert len(openai_client.fine_tuning.jobs.list().data) == 3
+
+    # Pause and resume, as OpenAI's SDK calls them.
+    store.transition(team_a.id, JobStatus.queued, "validated")
+    assert openai_client.fine_tuning.jobs.pause(team_a.id).status == "paused"
+    assert openai_client.fine_tuning.jobs.resume(team_a.id).status == "queued"
+
+    # Steps reported by the workers show as metrics events, newest first with the messages.
+    store.transition(team_a.id, JobStatus.running, "dispatched", attempt=1)
+    for step, loss in ((1, 2.5), (2, 2.0)):
+        store.record_metrics(team_a.id, 1, step, {"loss": loss, "step": step})
+    events = openai_client.fine_tuning.jobs.list_events(team_a.id, limit=50).data
+    metrics = [e for e in events if e.type == "metrics"]
+    assert [(m.data["step"], m.data["train_loss"]) for m in metrics] == [(2, 2.0), (1, 2.5)]
+    assert metrics[0].message == "Step 2: training loss=2.0000"
+    first = openai_client.fine_tuning.jobs.list_events(team_a.id, limit=2)
+    rest = openai_client.fine_tuning.jobs.list_events(team_a.id, limit=50, after=first.data[-1].id)
+    assert [e.id for e in first.data + rest.data] == [e.id for e in events]
