@@ -49,6 +49,17 @@ def model_id(job: JobRecord) -> str:
     return fine_tuned_model_id(job.request["model"], job.id, job.name, job.tenant)
 
 
+def resolved_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a validated job runs with, and (a continued job) where it started from."""
+    if not config:
+        return None
+    resolved = {k: config[k] for k in RESOLVED_KEYS if k in config}
+    if config.get("init_job"):
+        resolved["continued_from"] = {"job_id": config["init_job"], "step": config.get("init_step", 0),
+                                      "optimizer_state": bool(config.get("init_optimizer", True))}
+    return resolved
+
+
 def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
     """The wire job; `latest` (the newest metrics values) adds trained tokens and a finer ETA."""
     request = JobCreate.model_validate(job.request)
@@ -64,7 +75,7 @@ def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
         ray_submission_id=job.submission_id, result_metrics=job.result_metrics or {},
         restarts=job.restarts, preemptions=job.preemptions, resizes=job.resizes,
         lost_steps=job.lost_steps,
-        resolved={k: job.config[k] for k in RESOLVED_KEYS if k in job.config} if job.config else None,
+        resolved=resolved_config(job.config),
         **progress_fields(job, latest),
     )
 
@@ -99,16 +110,22 @@ class JobService:
 
         created: list[JobRecord] = []
 
+        continued: dict[str, Any] = {}
+
         def create_once() -> str:
+            nonlocal req
             check_job_files(req, principal.scope, self.files)
             self.check_webhook(req, principal.tenant)
+            req, init = self.resolve_continuation(req, principal.tenant)
+            continued.update(init or {})
             # A quick refusal before the request's checks; the binding check is repeated in the
             # insert's own serialized transaction.
             check_quota(self.store, principal.tenant, req, self.settings)
             inputs = check_request(req, self.settings)
             record = self.store.create_job(
                 tenant=principal.tenant, request=req.model_dump(mode="json"), name=req.name,
-                plan=inputs.choice.to_dict(), demand=demand(req),
+                plan={**inputs.choice.to_dict(), **({"init_from": continued} if continued else {})},
+                demand=demand(req),
                 admit=admit)
             created.append(record)
             if self.on_created is not None:
@@ -120,6 +137,46 @@ class JobService:
         if created:  # the job as stored (a new job has no metrics): no second read
             return to_wire(created[0]), now
         return self.get(job_id, principal.tenant), now
+
+    def resolve_continuation(self, req: JobCreate, tenant: str) -> tuple[JobCreate, dict[str, Any] | None]:
+        """A request that continues another job (`from_checkpoint`, or a fine-tuned model id as
+        `model`), made explicit: its `model` the source's base, its adapter shape the source's,
+        `from_checkpoint` as `<job id>:<step>`; and where that checkpoint is. Raises
+        RequestInvalid naming the field for an unknown job or checkpoint."""
+        source, param = req.from_checkpoint, "from_checkpoint"
+        if source is None and req.model.startswith("ft:"):
+            source, param = req.model, "model"
+        if source is None:
+            return req, None
+        ref = parse_model_id(source)
+        job_id, step = (ref.job_id, ref.step) if ref is not None else (source.partition(":")[0], None)
+        if ref is None and ":" in source:
+            text = source.partition(":")[2]
+            if not text.isdigit():
+                raise RequestInvalid(problems=[Problem(param, "invalid_checkpoint", f"{source!r} is not "
+                                                       "`<job id>:<step>`, `<job id>` or a checkpoint's model id")])
+            step = int(text)
+        try:
+            job = self.store.get_job(job_id, tenant)
+        except JobNotFound:
+            raise RequestInvalid(problems=[Problem(param, "checkpoint_not_found", f"no job {job_id!r} of yours "
+                                                   "to continue from: list them with GET /jobs")]) from None
+        kept = [c for c in self._checkpoints_of(job) if c["available"]]
+        chosen = (next((c for c in kept if c["step"] == step), None) if step is not None
+                  else max(kept, key=lambda c: c["step"], default=None))
+        if chosen is None:
+            steps = ", ".join(str(c["step"]) for c in sorted(kept, key=lambda c: c["step"])) or "none"
+            raise RequestInvalid(problems=[Problem(
+                param, "checkpoint_not_found", f"job {job_id} has no kept checkpoint"
+                + (f" at step {step}" if step is not None else "") + f" (kept: {steps}): pick one of "
+                f"GET /jobs/{job_id}/checkpoints")])
+        source_request = JobCreate.model_validate(job.request)
+        tuning = source_request.tuning
+        method = (req.method.model_copy(update={"tuning": tuning}) if req.objective == "dpo" else tuning)
+        resolved = req.model_copy(update={"model": source_request.model, "method": method,
+                                          "from_checkpoint": f"{job.id}:{chosen['step']}"})
+        return resolved, {"job_id": job.id, "step": int(chosen["step"]), "path": chosen["path"],
+                          "optimizer": req.restore_optimizer}
 
     def check_webhook(self, req: JobCreate, tenant: str) -> None:
         """A job's `webhook_url` must be one this server sends to, and the tenant must have a

@@ -508,9 +508,11 @@ def token_cache_dir(settings: Settings) -> Path:
 
 
 def build_train_config(
-    job_id: str, req: JobCreate, inputs: ResolvedInputs, num_train_examples: int, settings: Settings
+    job_id: str, req: JobCreate, inputs: ResolvedInputs, num_train_examples: int, settings: Settings,
+    init: dict[str, Any] | None = None,
 ) -> TrainConfig:
-    """The one conversion from a request to a training config, with server defaults filled."""
+    """The one conversion from a request to a training config, with server defaults filled.
+    `init`: the checkpoint a continued job starts from (service/jobs.py:resolve_continuation)."""
     hp, method = req.hyperparameters, req.tuning
     lora = None
     if isinstance(method, LoraMethod):
@@ -522,6 +524,9 @@ def build_train_config(
             quant_bits=getattr(method, "bits", 4),
         )
     total_steps = hp.max_steps or steps_for(num_train_examples, hp.global_batch_size, hp.epochs or 1.0)
+    init = init or {}
+    if init.get("optimizer"):  # the run goes on: its steps come after the source's
+        total_steps += int(init["step"])
     return TrainConfig(
         job_id=job_id, model_path=inputs.model_path, training_file=str(inputs.training_file),
         validation_file=str(inputs.validation_file) if inputs.validation_file else None,
@@ -552,6 +557,8 @@ def build_train_config(
         hub=hub.hub_source(inputs.model_path, settings),
         checkpoint_root=settings.resolved_checkpoint_root,
         artifact_root=str(settings.resolved_artifact_root), base_model_name=req.model,
+        init_from=init.get("path"), init_optimizer=bool(init.get("optimizer", True)),
+        init_job=init.get("job_id"), init_step=int(init.get("step", 0)),
     )
 
 
@@ -600,7 +607,8 @@ def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[
         "dropped_examples": len(loaded["training_file"].dropped),
         "dropped_lines": loaded["training_file"].dropped[:20],
     }
-    return build_train_config(job.id, req, inputs, len(lengths), settings), stats
+    init = (job.plan or {}).get("init_from")
+    return build_train_config(job.id, req, inputs, len(lengths), settings, init), stats
 
 
 def _validate_outcome(job: JobRecord, settings: Settings) -> tuple[str, Any]:

@@ -113,6 +113,10 @@ def build_manifest(cfg: TrainConfig, metrics: dict[str, Any], attempt: int) -> d
             ],
         },
         "final_metrics": metrics,
+        # A continued job: the checkpoint it started from (its own lineage is in that job's manifest).
+        "lineage": None if not cfg.init_job else {
+            "continued_from_job": cfg.init_job, "step": cfg.init_step, "checkpoint": cfg.init_from,
+            "optimizer_state": cfg.init_optimizer},
         "versions": _versions(),
     }
 

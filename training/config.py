@@ -101,6 +101,12 @@ class TrainConfig:
     compile: bool = False
     #: The planner's predicted peak memory per worker in GB, when it made one.
     predicted_memory_gb: float | None = None
+    #: Continue from another job's checkpoint (a path or URI), written at `init_step` by job
+    #: `init_job`: with its optimizer state (the run goes on from `init_step`), or its weights only.
+    init_from: str | None = None
+    init_optimizer: bool = True
+    init_job: str | None = None
+    init_step: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -180,9 +180,30 @@ class Recipe:
             if self.rank == 0 and self.sink is not None:
                 ray.get(self.sink.resumed.remote(self.step, self.world_size, state.get("reason", "interval"),
                                                  time.perf_counter() - started))
+        elif cfg.init_from:
+            self._continue_from(cfg)
         if self.rank == 0 and self.sink is not None:
             # Asked before the workers started: pause at the first check.
             self.pause_seen = bool(ray.get(self.sink.pause_requested.remote()))
+
+    def _continue_from(self, cfg: TrainConfig) -> None:
+        """A job's first start from another job's checkpoint: its trainable weights and, with
+        `init_optimizer`, its optimizer state and step (the run goes on where that one was)."""
+        from eft.training import storage
+
+        place = storage.resolve(cfg.init_from)
+        source = ray.train.Checkpoint(path=place.path, filesystem=place.filesystem)
+        with source.as_directory() as directory:
+            if cfg.init_optimizer:
+                self.step = int(checkpoint.restore(Path(directory), self.strategy)["step"])
+            else:
+                self.strategy.load_trainable_state(checkpoint.load_trainable(Path(directory)))
+        if self.rank == 0 and self.sink is not None:
+            what = "its optimizer state, going on from" if cfg.init_optimizer else "its weights only, from"
+            ray.get(self.sink.event.remote(
+                "continued", f"continued from job {cfg.init_job} step {cfg.init_step} with {what} step {self.step}",
+                {"job_id": cfg.init_job, "step": cfg.init_step, "optimizer_state": cfg.init_optimizer,
+                 "from_step": self.step}))
 
     # --- train ---------------------------------------------------------------------------
 

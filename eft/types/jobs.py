@@ -330,6 +330,16 @@ class JobCreate(_Request):
         default_factory=list, max_length=5,
         description="OpenAI-style integrations (e.g. {\"type\": \"wandb\", \"wandb\": {\"project\": ...}}), "
         "recorded with the job as sent (/v1 creates fill it).")
+    from_checkpoint: str | None = Field(
+        None, min_length=1, max_length=512,
+        description="Continue training from another of your jobs: `<job id>:<step>` (a kept checkpoint), "
+        "`<job id>` (its latest), or a checkpoint's model id (`ft:...:ckpt-<step>`). A fine-tuned model id as "
+        "`model` does the same from that job's latest checkpoint. The base model and the adapter's shape come "
+        "from that job; see `restore_optimizer`.")
+    restore_optimizer: bool = Field(
+        True, description="With `from_checkpoint`: true continues that run (its optimizer state, step count, "
+        "learning-rate schedule and place in the data: `max_steps` or `epochs` are the steps added, so the "
+        "result equals one run of all the steps); false starts a new run from its weights only.")
     webhook_url: str | None = Field(
         None, min_length=8, max_length=2048,
         description="Where this job's succeeded, failed, cancelled and paused events are sent, signed with the "
@@ -376,6 +386,8 @@ class Job(_Response):
     name: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     integrations: list[dict[str, Any]] = Field(default_factory=list)
+    from_checkpoint: str | None = Field(None, description="The checkpoint this job continues from, `<job id>:<step>`.")
+    restore_optimizer: bool = True
     webhook_url: str | None = None
     created_at: datetime
     started_at: datetime | None = None

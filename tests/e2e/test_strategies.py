@@ -23,6 +23,7 @@ lost optimizer state or a wrong learning rate moves most elements by ~1e-3 and f
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,31 @@ def test_pause_and_resume_equals_the_undisturbed_run(resume_workers, train, tmp_
         diff = torch.cat([(run.weights[n] - t).flatten() for n, t in whole.weights.items()])
         norm = torch.cat([t.flatten() for t in whole.weights.values()])
         assert float(diff.norm() / norm.norm()) <= 1e-2
+
+
+def test_a_job_continued_from_anothers_checkpoint_equals_the_undisturbed_run(train, tmp_path_factory):
+    """Job A trains 3 steps; job B continues from A's checkpoint with its optimizer state for 3
+    more: B's steps are 4-6 of the same run and its adapter is ddp's 6-step one, bitwise."""
+    (whole,) = train("ddp")
+    root = tmp_path_factory.mktemp("continue")
+    store_url = f"sqlite:///{root / 'jobs.db'}"
+    first = run_attempt(_config("ddp", root / "a", root / "cache", "continue-a", total_steps=3), store_url)
+    store = Store(store_url)
+    (source,) = [c for c in store.list_checkpoints(first.job.id) if c["step"] == 3]
+    store.close()
+    cfg = _config("ddp", root / "b", root / "cache", "continue-b", init_from=source["path"], init_optimizer=True,
+                  init_job=first.job.id, init_step=3)
+    continued = run_attempt(cfg, store_url)
+    assert sorted(continued.losses) == [4, 5, 6]
+    assert [continued.losses[s] for s in (4, 5, 6)] == [whole.losses[s] for s in (4, 5, 6)]
+    (event,) = [e.data for e in continued.events if e.type == "continued"]
+    assert event == {"job_id": first.job.id, "step": 3, "optimizer_state": True, "from_step": 3}
+    assert set(continued.weights) == set(whole.weights)
+    for name, tensor in whole.weights.items():
+        assert torch.equal(continued.weights[name], tensor), name
+    manifest = json.loads((Path(continued.job.artifact_path) / "eft_manifest.json").read_text())
+    assert manifest["lineage"] == {"continued_from_job": first.job.id, "step": 3, "checkpoint": source["path"],
+                                   "optimizer_state": True}
 
 
 #: Options, each trained once with the strategy they concern; several share a run where they
