@@ -52,7 +52,8 @@ class EftService:
         from eft.service.webhooks import WebhookSender
 
         self.webhooks = WebhookSender(self.job_service.store.engine, settings)
-        threading.Thread(target=self.webhooks.run_forever, name="eft-webhooks", daemon=True).start()
+        self._webhook_thread = threading.Thread(target=self.webhooks.run_forever, name="eft-webhooks", daemon=True)
+        self._webhook_thread.start()
         log.info("eft service replica up; store %s", settings.resolved_database_url.split("@")[-1])
 
     def __serve_build_asgi_app__(self):  # noqa: ANN204 - Serve builds the app per replica
@@ -67,6 +68,8 @@ class EftService:
     def check_health(self) -> None:
         if not self._thread.is_alive():
             raise RuntimeError("the scheduler thread stopped")
+        if not self._webhook_thread.is_alive():
+            raise RuntimeError("the webhook sender thread stopped")
 
     def __del__(self) -> None:
         self.scheduler.stop()

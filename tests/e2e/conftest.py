@@ -120,6 +120,9 @@ def service(ray_cluster, tmp_path_factory):
         # scale back to zero soon after the tests that chat with them.
         "EFT_INFERENCE_CPUS": "0",
         "EFT_INFERENCE_IDLE_S": "20",
+        # Webhooks to receivers on loopback, as in local mode (`eft up`).
+        "EFT_WEBHOOK_ALLOW_LOOPBACK": "true",
+        "EFT_WEBHOOK_POLL_INTERVAL_S": "0.5",
         # The tests call as the deployment's bootstrap admin (tenant "default").
         "EFT_ADMIN_API_KEY": use_admin_key(),
     }

@@ -147,10 +147,18 @@ def test_the_openai_client_runs_a_fine_tuning_job(service, tmp_path):
 
 def test_the_openai_client_runs_a_dpo_job(service):
     """Preference tuning as OpenAI's clients ask for it: `method={"type": "dpo", ...}` on a file of
-    preference pairs; the job succeeds and reports the DPO metrics as `metrics` events."""
+    preference pairs; the job succeeds and reports the DPO metrics as `metrics` events; the
+    service's own webhook sender tells a receiver on loopback, signed as OpenAI signs."""
     from openai import OpenAI
 
+    from tests.integration.test_webhooks import Receiver
+
     client = OpenAI(base_url=f"{service['url']}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    receiver = Receiver()
+    endpoint = httpx.post(f"{service['url']}/webhooks", headers=headers,
+                          json={"url": receiver.url, "events": ["fine_tuning.job.succeeded"]}).raise_for_status().json()
+    secret = endpoint["secret"] or httpx.post(f"{service['url']}/webhooks/secret", headers=headers).json()["secret"]
     lines = (BUNDLED_ASSETS / "data" / "demo" / "preference_train.jsonl").read_text().splitlines()[:32]
     uploaded = client.files.create(file=("pairs.jsonl", ("\n".join(lines) + "\n").encode()), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
@@ -170,3 +178,16 @@ def test_the_openai_client_runs_a_dpo_job(service):
                            for m in metrics if "loss" in m)
     first = min((m for m in metrics if "loss" in m), key=lambda m: m["step"])
     assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # step 1: the policy is the reference
+
+    # The replica's sender delivers the succeeded event; the test waits on its record of it.
+    deadline = time.monotonic() + 60
+    while not (deliveries := httpx.get(f"{service['url']}/jobs/{job.id}/webhooks", headers=headers).json()["data"]) \
+            or deliveries[0]["status"] == "pending":
+        assert time.monotonic() < deadline, deliveries
+        time.sleep(0.2)
+    httpx.delete(f"{service['url']}/webhooks/{endpoint['id']}", headers=headers).raise_for_status()
+    receiver.close()
+    assert [d["status"] for d in deliveries] == ["delivered"]
+    verifier = OpenAI(api_key="unused", webhook_secret=secret)
+    (got,) = [e for e in (verifier.webhooks.unwrap(body, h) for h, body in receiver.requests) if e.data.id == job.id]
+    assert got.type == "fine_tuning.job.succeeded"
