@@ -61,7 +61,7 @@ MethodName = Enum("MethodName", {m.model_fields["type"].default: m.model_fields[
                                  for m in (LoraMethod, QloraMethod, FullMethod)}, type=str)
 StrategyName = Enum("StrategyName", {s: s for s in get_args(Strategy)}, type=str)
 STATUS_STYLE = {JobStatus.succeeded: "green", JobStatus.failed: "red",
-                JobStatus.cancelled: "yellow", JobStatus.running: "cyan"}
+                JobStatus.cancelled: "yellow", JobStatus.running: "cyan", JobStatus.paused: "magenta"}
 
 
 class CliError(Exception):

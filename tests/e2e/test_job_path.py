@@ -158,16 +158,18 @@ def test_cancel_stops_the_ray_job_and_its_workers(service, tmp_path):
     assert done["finished_at"] and time.monotonic() - started < 60
     ray_jobs = JobSubmissionClient(service["dashboard_url"])
     assert ray_jobs.get_job_status(done["ray_submission_id"]).value == "STOPPED"
+    ray_job_id = ray_jobs.get_job_info(done["ray_submission_id"]).job_id
     deadline = time.monotonic() + 60
     while True:
-        actors = list_actors(address=service["dashboard_url"], filters=[("state", "=", "ALIVE")])
+        # This job's: trainers run in the test process itself (test_strategies.py) are not.
+        actors = list_actors(address=service["dashboard_url"], filters=[("state", "=", "ALIVE"),
+                                                                         ("job_id", "=", ray_job_id)])
         alive = [a for a in actors
                  if "TrainWorker" in a.class_name or "TrainController" in a.class_name]
         if not alive:
             break
         assert time.monotonic() < deadline, f"train actors still alive: {alive}"
         time.sleep(1)
-    ray_job_id = ray_jobs.get_job_info(done["ray_submission_id"]).job_id
     started_by_job = {a.class_name for a in list_actors(
         address=service["dashboard_url"], filters=[("job_id", "=", ray_job_id)], limit=1000)}
     assert {"TrainController", "RayTrainWorker", "ProgressSink"} <= started_by_job, started_by_job
