@@ -144,6 +144,8 @@ def tokenizer_corpus(splits: dict[str, list[dict]], prose: list[str]) -> list[st
     texts = list(prose)
     for rows in splits.values():
         for row in rows:
+            if "preferred_output" in row:
+                continue  # the preference pairs reuse the chat skills' strings (and keep the tokenizer as it was)
             if "messages" in row:
                 texts.extend(message["content"] for message in row["messages"])
             else:
