@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from eft.api.deps import CurrentTenant, JobServiceDep
+from eft.api.deps import CurrentPrincipal, CurrentTenant, JobServiceDep
 from eft.service import webhooks
 from eft.service.errors import Problem, RequestInvalid, ServiceError
 from eft.types.webhooks import (
@@ -26,10 +26,10 @@ class EndpointNotFound(ServiceError):
 
 
 @router.post("/webhooks", status_code=201, response_model=WebhookEndpoint)
-def create_endpoint(body: WebhookEndpointCreate, service: JobServiceDep, tenant: CurrentTenant) -> WebhookEndpoint:
+def create_endpoint(body: WebhookEndpointCreate, service: JobServiceDep, principal: CurrentPrincipal) -> WebhookEndpoint:
     """Send the chosen job events to `url`. The first endpoint of a tenant makes its signing
-    secret and shows it in this response, once."""
-    settings = service.settings
+    secret and shows it in this response, once. (An admin key's are its own tenant's.)"""
+    settings, tenant = service.settings, principal.tenant
     problem = webhooks.url_problem(body.url, settings.webhook_allow_loopback, settings.webhook_allow_private)
     if problem:
         raise RequestInvalid(problems=[Problem("url", "webhook_url_refused", f"the webhook URL {problem}")])
@@ -39,22 +39,23 @@ def create_endpoint(body: WebhookEndpointCreate, service: JobServiceDep, tenant:
 
 
 @router.get("/webhooks", response_model=WebhookEndpointList)
-def list_endpoints(service: JobServiceDep, tenant: CurrentTenant) -> WebhookEndpointList:
+def list_endpoints(service: JobServiceDep, principal: CurrentPrincipal) -> WebhookEndpointList:
+    tenant = principal.tenant
     return WebhookEndpointList(data=[WebhookEndpoint(**{k: v for k, v in row.items() if k != "tenant"})
                                      for row in webhooks.list_endpoints(service.store.engine, tenant)])
 
 
 @router.delete("/webhooks/{endpoint_id}", status_code=204)
-def delete_endpoint(endpoint_id: str, service: JobServiceDep, tenant: CurrentTenant) -> None:
-    if not webhooks.delete_endpoint(service.store.engine, tenant, endpoint_id):
+def delete_endpoint(endpoint_id: str, service: JobServiceDep, principal: CurrentPrincipal) -> None:
+    if not webhooks.delete_endpoint(service.store.engine, principal.tenant, endpoint_id):
         raise EndpointNotFound(f"no webhook endpoint {endpoint_id!r}: list them with GET /webhooks",
                                param="endpoint_id")
 
 
 @router.post("/webhooks/secret", response_model=WebhookSecret)
-def rotate_secret(service: JobServiceDep, tenant: CurrentTenant) -> WebhookSecret:
+def rotate_secret(service: JobServiceDep, principal: CurrentPrincipal) -> WebhookSecret:
     """A new signing secret for this tenant's webhooks, shown once; the old one stops signing."""
-    return WebhookSecret(secret=webhooks.rotate_secret(service.store.engine, tenant))
+    return WebhookSecret(secret=webhooks.rotate_secret(service.store.engine, principal.tenant))
 
 
 @router.get("/jobs/{job_id}/webhooks", response_model=WebhookDeliveryList)

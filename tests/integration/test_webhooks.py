@@ -203,3 +203,18 @@ def test_url_policy():
     assert "private" in url_problem("https://192.168.1.10/x", False, False)
     assert url_problem("https://192.168.1.10/x", False, allow_private=True) is None
     assert "credentials" in url_problem("https://user:pw@8.8.8.8/x", False, False)
+
+
+def test_an_admin_keys_webhooks_are_its_own_tenants(setup, receiver):
+    """An admin key sees every tenant's jobs, but its webhooks and secret are its own tenant's."""
+    from eft.service.auth import KeyStore
+
+    client, store, *_ = setup
+    _, key = KeyStore(store.engine).create("ops", "admin", name="admin")
+    headers = {"Authorization": f"Bearer {key}"}
+    created = client.post("/webhooks", json={"url": receiver.url}, headers=headers)
+    assert created.status_code == 201, created.text
+    assert created.json()["secret"].startswith("whsec_")
+    assert [e["url"] for e in client.get("/webhooks", headers=headers).json()["data"]] == [receiver.url]
+    assert client.get("/webhooks").json()["data"] == []  # not the default tenant's
+    assert client.post("/webhooks/secret", headers=headers).json()["secret"].startswith("whsec_")
