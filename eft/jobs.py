@@ -241,6 +241,9 @@ class AsyncJobs:
     async def cancel(self, job_id: str) -> Job:
         return await self._client._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
 
+    async def webhooks(self, job_id: str) -> WebhookDeliveryList:
+        return await self._client._request("GET", f"/jobs/{job_id}/webhooks", cast=WebhookDeliveryList)
+
     async def pause(self, job_id: str) -> Job:
         return await self._client._request("POST", f"/jobs/{job_id}/pause", cast=Job)
 
