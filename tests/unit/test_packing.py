@@ -4,7 +4,8 @@ A two-layer Llama built from config (random weights, fp32) runs every attention 
 micro-batch can take in training: the per-example kernels (`eft_packed`, `eft_packed_eager`,
 what jobs with sdpa or eager attention run), the stock kernels given only the position ids
 (transformers' block-diagonal mask, what a model called without the boundaries falls back to),
-and flash-attention's varlen kernel where CUDA and flash-attn are installed.
+the per-example kernels on a CUDA device too where there is one, and flash-attention's varlen
+kernel where CUDA and flash-attn are installed.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ from eft.training.packing import (balance_by_tokens, collate_packed, pack_rows, 
                                   real_tokens)
 
 PAD = 0
-FLASH = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+CUDA = torch.cuda.is_available()
+FLASH = CUDA and importlib.util.find_spec("flash_attn") is not None
 #: (kernel the model runs, kernel the job asked for, device, dtype)
 PATHS = [
     ("eft_packed", "sdpa", "cpu", torch.float32),
     ("eft_packed_eager", "eager", "cpu", torch.float32),
     ("sdpa", "sdpa-position-ids", "cpu", torch.float32),
     ("eager", "eager-position-ids", "cpu", torch.float32),
+    pytest.param("eft_packed", "sdpa", "cuda", torch.float32,
+                 marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA device")),
+    pytest.param("eft_packed_eager", "eager", "cuda", torch.float32,
+                 marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA device")),
     pytest.param("flash_attention_2", "flash_attention_2", "cuda", torch.bfloat16,
                  marks=pytest.mark.skipif(not FLASH, reason="flash-attention needs CUDA and the flash-attn package")),
 ]
