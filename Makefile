@@ -57,6 +57,7 @@ bench: setup
 	$(PY) bench/recovery.py
 	$(PY) bench/speed.py
 	$(PY) bench/gpu.py
+	$(PY) bench/scheduler.py
 
 # Where CUDA exists: packed = unpacked loss and gradients, and no cross-example attention, under
 # flash-attention's varlen kernel (skipped without CUDA and flash-attn), then bench/gpu.py.

@@ -30,6 +30,7 @@ import argparse
 import importlib.util
 import json
 import random
+import shutil
 import sys
 import tempfile
 from datetime import datetime
@@ -44,7 +45,8 @@ from bench.speed import machine  # noqa: E402
 SECTION = "## GPU: tokens/s and MFU"
 TOKENIZER = ROOT / "assets" / "models" / "tiny-llama"
 #: (strategy, method) rows.
-ROWS = (("ddp", "lora"), ("fsdp", "lora"), ("zero3", "lora"), ("ddp", "qlora"))
+#: `bare` is the ceiling: the same model and LoRA in a plain PyTorch loop on full rows.
+ROWS = (("bare", "lora"), ("ddp", "lora"), ("fsdp", "lora"), ("zero3", "lora"), ("ddp", "qlora"))
 
 
 def build(directory: Path, small: bool) -> dict[str, int]:
@@ -80,13 +82,85 @@ def build_data(path: Path, examples: int, seq_len: int) -> None:
 
 
 def _loop(config: dict[str, Any]) -> None:
-    """The product's worker function, its reports kept in a file (no job store here)."""
+    """The product's worker function, its reports kept in a file (no job store here). With
+    `profile`, steps 3-5 run under torch.profiler and its tables land beside the reports."""
+    import contextlib
+
+    import torch
+
     from bench.baselines.plain_loop import run_recipe
 
     rows: list[dict[str, Any]] = []
-    recipe = run_recipe(config["train"], lambda r, metrics: rows.append({"step": r.step, **metrics}))
+    profiler: Any = contextlib.nullcontext()
+    if config.get("profile"):
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profiler = torch.profiler.profile(activities=activities,
+                                          schedule=torch.profiler.schedule(wait=2, warmup=1, active=3))
+
+    def publish(recipe: Any, metrics: dict[str, float]) -> None:
+        rows.append({"step": recipe.step, **metrics})
+        if config.get("profile"):
+            profiler.step()  # one report per step (log_every_steps=1)
+
+    with profiler:
+        recipe = run_recipe(config["train"], publish)
     if recipe.rank == 0:
         Path(config["out"]).write_text(json.dumps(rows))
+        if config.get("profile"):
+            Path(config["out"]).with_name("profile.txt").write_text(profile_tables(profiler))
+
+
+def profile_tables(profiler: Any) -> str:
+    """The profiled steps' busiest operators by device time and by host time, and how much of
+    the wall time the device was busy."""
+    averages = profiler.key_averages()
+    device = sum(getattr(e, "self_device_time_total", 0) for e in averages)
+    wall = max((e.time_range.end for e in profiler.events()), default=0) - min(
+        (e.time_range.start for e in profiler.events()), default=0)
+    return "\n\n".join([
+        f"device busy {device / 1e3:.0f} ms of {wall / 1e3:.0f} ms wall over 3 steps",
+        averages.table(sort_by="self_device_time_total", row_limit=25),
+        averages.table(sort_by="self_cpu_time_total", row_limit=25),
+    ])
+
+
+def _bare_loop(config: dict[str, Any]) -> None:
+    """The ceiling: the same model with PEFT LoRA in a plain PyTorch loop, micro-batches of full
+    rows of random tokens (one causal sequence per row, SDPA), AdamW; tokens/s over the steps
+    after the first."""
+    import time
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    train = config["train"]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(train["model_path"], dtype=dtype, attn_implementation="sdpa").to(device)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    rows, seq = train["micro_batch_size"], train["max_seq_len"]
+    per_step = max(1, config["tokens_per_step"] // (rows * seq))
+    generator = torch.Generator().manual_seed(0)
+    times = []
+    for _ in range(train["total_steps"]):
+        started = time.perf_counter()
+        for _ in range(per_step):
+            ids = torch.randint(3, 32000, (rows, seq), generator=generator).to(device)
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    tokens = per_step * rows * seq
+    peak = torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0
+    Path(config["out"]).write_text(json.dumps([{"step": i + 1, "tokens_per_s": tokens / t} for i, t in enumerate(times)]
+                                              + [{"final": True, "peak_memory_gb": peak}]))
 
 
 def planned_gb(model_dir: Path, cfg: Any) -> float:
@@ -114,25 +188,31 @@ def run_row(model_dir: Path, data: Path, strategy: str, method: str, args: argpa
         lora=LoraSpec(r=16, alpha=32, dropout=0.0, quant_type="nf4" if method == "qlora" else None),
         total_steps=args.steps, num_train_examples=args.examples, learning_rate=1e-4,
         global_batch_size=args.global_batch, micro_batch_size=args.rows, max_seq_len=args.seq_len,
-        train_on="all", log_every_steps=1, use_gpu=gpu, cpus_per_worker=1 if gpu else 2, strategy=strategy,
+        train_on="all", log_every_steps=1, use_gpu=gpu, cpus_per_worker=1 if gpu else 2,
+        strategy="ddp" if strategy == "bare" else strategy,
         checkpoint_every_steps=10**9, precision="bf16" if gpu else "fp32",
         attention="flash_attention_2" if flash else "sdpa", packing=True,
         data_cache_dir=tempfile.mkdtemp(prefix="eft-gpu-cache-"),
     )
     out = Path(tempfile.mkdtemp(prefix="eft-gpu-rows-")) / "rows.json"
     storage = tempfile.mkdtemp(prefix="eft-gpu-ckpt-")
+    bare = strategy == "bare"
     trainer = ray.train.torch.TorchTrainer(
-        _loop, train_loop_config={"train": cfg.to_dict(), "out": str(out)},
+        _bare_loop if bare else _loop,
+        train_loop_config={"train": cfg.to_dict(), "out": str(out), "profile": args.profile and not bare,
+                           "tokens_per_step": args.tokens_per_step},
         scaling_config=ScalingConfig(num_workers=1, use_gpu=gpu, resources_per_worker={"CPU": cfg.cpus_per_worker}),
         run_config=RunConfig(name=cfg.job_id, storage_path=storage),
     )
     trainer.fit()
+    if args.profile and out.with_name("profile.txt").exists():
+        shutil.copy(out.with_name("profile.txt"), args.output.with_name(f"profile-{strategy}-{method}.txt"))
     rows = json.loads(out.read_text())
     steady = [r for r in rows if "tokens_per_s" in r and r["step"] > 1]
     final = next(r for r in rows if r.get("final"))
     return {"strategy": strategy, "method": method, "attention": cfg.attention,
             "tokens_per_s": sum(r["tokens_per_s"] for r in steady) / len(steady),
-            "peak_gb": final["peak_memory_gb"], "planned_gb": planned_gb(model_dir, cfg)}
+            "peak_gb": final["peak_memory_gb"], "planned_gb": planned_gb(model_dir, cfg) if not bare else float("nan")}
 
 
 def mean_attention_context(data: Path, model_dir: Path, seq_len: int) -> float:
@@ -159,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows-to-run", default=",".join(f"{s}:{m}" for s, m in ROWS))
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile steps 3-5 of each product row: profile-<strategy>-<method>.txt beside --output")
+    parser.add_argument("--tokens-per-step", type=int, default=65536,
+                        help="the `bare` row's tokens per optimizer step (rows of --seq-len random tokens)")
     args = parser.parse_args(argv)
     if args.device == "none":
         section = (f"{SECTION}\n\nNot measured: `bench/gpu.py` found no CUDA device on the machine that ran "
@@ -167,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
                    "and ZeRO-3 with LoRA and DDP with QLoRA, and reports tokens/s, MFU (6N + attention) and peak "
                    "memory against the planner.\n")
         print(section)
+        text = args.output.read_text() if args.output.exists() else ""
+        if SECTION in text and "| strategy | method |" in text.split(SECTION, 1)[1].split("\n## ", 1)[0]:
+            print(f"{args.output} keeps its GPU rows measured earlier on a machine with CUDA.")
+            return 0
         replace_section(args.output, SECTION, section)
         return 0
 
@@ -188,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             if method == "qlora" and args.device != "cuda":
                 continue  # bitsandbytes' 4-bit kernels need CUDA
             result = run_row(model_dir, data, strategy, method, args)
-            result["mfu"] = result["tokens_per_s"] * flops_per_token / (args.peak_tflops * 1e12)
+            # The bare rows are whole causal rows: their attention spans the row, not an example.
+            per_token = flops_per_token if strategy != "bare" else (
+                6 * shape["non_embedding"] + 12 * shape["layers"] * shape["hidden"] * args.seq_len)
+            result["mfu"] = result["tokens_per_s"] * per_token / (args.peak_tflops * 1e12)
             results.append(result)
             print(json.dumps(result), flush=True)
     finally:
@@ -200,11 +291,14 @@ def main(argv: list[str] | None = None) -> int:
         f"embeddings; {shape['layers']} layers, hidden {shape['hidden']}), text examples of log-normal length "
         f"(token-weighted mean context {context:.0f}), packed into micro-batches of {args.rows} x {args.seq_len} "
         f"tokens, {args.global_batch} examples per step, {args.steps} steps; the product's training loop in a "
-        f"one-GPU Ray Train worker; MFU against {args.peak_tflops:g} TFLOP/s (6N + attention).", "",
+        f"one-GPU Ray Train worker; MFU against {args.peak_tflops:g} TFLOP/s (6N + attention). The `bare` row is "
+        f"the ceiling to compare with: the same model and LoRA in a plain PyTorch loop (PEFT, SDPA, AdamW) on whole "
+        f"rows of random tokens, {args.tokens_per_step} tokens per step, in the same kind of worker.", "",
         "| strategy | method | attention | tokens/s | MFU | peak GB | planner GB | planner / peak |",
         "|---|---|---|---:|---:|---:|---:|---:|",
         *(f"| {r['strategy']} | {r['method']} | {r['attention']} | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | "
-          f"{r['peak_gb']:.2f} | {r['planned_gb']:.2f} | {r['planned_gb'] / r['peak_gb']:.2f} |" for r in results),
+          f"{r['peak_gb']:.2f} | " + ("- | - |" if r["strategy"] == "bare" else
+                                       f"{r['planned_gb']:.2f} | {r['planned_gb'] / r['peak_gb']:.2f} |") for r in results),
         "",
     ])
     print(section)
