@@ -17,11 +17,24 @@ import os
 import threading
 import time
 import weakref
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """A stored time as UTC: SQLite hands back naive datetimes; everything stored is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
 
 log = logging.getLogger("eft.db")
 T = TypeVar("T")

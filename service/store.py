@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Callable, Iterable, Iterator
 
 import sqlalchemy as sa
@@ -23,20 +23,12 @@ import sqlalchemy as sa
 from eft.types.jobs import JobStatus
 from eft.service import lifecycle
 from eft.training import storage
-from eft.service.db import make_engine, once, retry_on_disconnect, writing
+from eft.service.db import aware, make_engine, once, retry_on_disconnect, utcnow, writing
 from eft.service.errors import Conflict, JobNotFound
 # The tables live in service/schema.py; they are named here too, as the store's own.
 from eft.service.schema import checkpoints, job_events, job_metrics, jobs, metadata  # noqa: F401
 
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    # SQLite hands back naive datetimes; everything stored is UTC.
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value
+_aware = aware  # the store's older name
 
 
 _last_id = [0, 0]  # (milliseconds, random part) of the last id this process made

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
-from eft.service.db import writing
+from eft.service.db import aware, utcnow, writing
 from eft.service.schema import webhook_attempts, webhook_deliveries, webhook_endpoints, webhook_secrets
 from eft.types.jobs import JobStatus
 
@@ -56,18 +56,6 @@ EVENT_TYPES = tuple(EVENTS.values())
 SECRET_PREFIX = "whsec_"
 #: How long a claimed attempt is held before another replica may take it over.
 CLAIM_S = 120.0
-
-
-def utcnow() -> datetime:
-    from eft.service.store import utcnow as now
-
-    return now()
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    from eft.service.store import _aware as aware
-
-    return aware(value)
 
 
 # --- signing ---------------------------------------------------------------------------------
@@ -175,7 +163,7 @@ def list_endpoints(engine: sa.Engine, tenant: str) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         rows = conn.execute(webhook_endpoints.select().where(webhook_endpoints.c.tenant == tenant)
                             .order_by(webhook_endpoints.c.created_at)).all()
-    return [{**r._mapping, "created_at": _aware(r.created_at)} for r in rows]
+    return [{**r._mapping, "created_at": aware(r.created_at)} for r in rows]
 
 
 def delete_endpoint(engine: sa.Engine, tenant: str, endpoint_id: str) -> bool:
@@ -225,12 +213,12 @@ def deliveries_of(engine: sa.Engine, job_id: str) -> list[dict[str, Any]]:
     by_delivery: dict[int, list[dict[str, Any]]] = {}
     for a in attempts:
         by_delivery.setdefault(a.delivery_id, []).append(
-            {"attempt": a.attempt, "at": _aware(a.at), "status_code": a.status_code, "error": a.error,
+            {"attempt": a.attempt, "at": aware(a.at), "status_code": a.status_code, "error": a.error,
              "seconds": round(a.seconds, 4)})
     return [{"id": r.id, "event_id": r.event_id, "type": r.event_type, "url": r.url, "status": r.status,
-             "attempts": by_delivery.get(r.id, []), "created_at": _aware(r.created_at),
-             "delivered_at": _aware(r.delivered_at),
-             "next_attempt_at": _aware(r.next_attempt_at) if r.status == "pending" else None}
+             "attempts": by_delivery.get(r.id, []), "created_at": aware(r.created_at),
+             "delivered_at": aware(r.delivered_at),
+             "next_attempt_at": aware(r.next_attempt_at) if r.status == "pending" else None}
             for r in rows]
 
 
@@ -302,7 +290,7 @@ class WebhookSender:
             except Exception as exc:  # noqa: BLE001 - any failure to deliver is retried
                 error = f"{type(exc).__name__}: {str(exc)[:300]}"
         attempts = row.attempts + 1
-        created = _aware(row.created_at)
+        created = aware(row.created_at)
         values: dict[str, Any]
         if error is None:
             values = {"status": "delivered", "delivered_at": now, "next_attempt_at": now}
