@@ -198,9 +198,10 @@ class JobService:
         job = self.store.get_job(job_id, tenant)
         return to_wire(job, self.store.latest_metric_values([job.id]).get(job.id))
 
-    def list(self, tenant: str, limit: int, after: str | None, status: JobStatus | None) -> JobList:
+    def list(self, tenant: str, limit: int, after: str | None, status: JobStatus | None,
+             metadata: dict[str, str] | None = None) -> JobList:
         records, has_more = self.store.list_jobs(
-            tenant=tenant, limit=limit, after=after, statuses=[status] if status else None
+            tenant=tenant, limit=limit, after=after, statuses=[status] if status else None, metadata=metadata
         )
         latest = self.store.latest_metric_values(r.id for r in records)
         data = [to_wire(r, latest.get(r.id)) for r in records]

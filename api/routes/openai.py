@@ -64,17 +64,9 @@ def list_fine_tuning_jobs(
 ) -> FineTuningJobList:
     """Jobs newest first; `after` is the last job id of the previous page; `metadata[k]=v`
     keeps the jobs whose metadata has every such pair (`metadata=null`: those with none)."""
-    wanted = metadata_filter(request)
-    found, has_more, cursor = [], True, after
-    while has_more and len(found) <= limit:
-        page = service.list(tenant, 100 if wanted is not None else limit, cursor, None)
-        has_more, cursor = page.has_more, page.next_cursor
-        found += [j for j in page.data if wanted is None or (
-            all(j.metadata.get(k) == v for k, v in wanted.items()) if wanted else not j.metadata)]
-        if wanted is None:
-            break
-    return FineTuningJobList(data=[to_openai_job(j, tenant or _owner(service, j.id, tenant)) for j in found[:limit]],
-                             has_more=len(found) > limit or has_more)
+    page = service.list(tenant, limit, after, None, metadata=metadata_filter(request))
+    return FineTuningJobList(data=[to_openai_job(j, tenant or _owner(service, j.id, tenant)) for j in page.data],
+                             has_more=page.has_more)
 
 
 @router.get("/{job_id}", response_model=FineTuningJob)
