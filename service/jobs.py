@@ -201,7 +201,7 @@ class JobService:
     def list(self, tenant: str, limit: int, after: str | None, status: JobStatus | None,
              metadata: dict[str, str] | None = None) -> JobList:
         records, has_more = self.store.list_jobs(
-            tenant=tenant, limit=limit, after=after, statuses=[status] if status else None, metadata=metadata
+            tenant=tenant, limit=limit, after=after, statuses=[status] if status else None, metadata_filter=metadata
         )
         latest = self.store.latest_metric_values(r.id for r in records)
         data = [to_wire(r, latest.get(r.id)) for r in records]

@@ -194,10 +194,10 @@ class Store:
         after: str | None = None,
         statuses: Iterable[JobStatus] | None = None,
         oldest_first: bool = False,
-        metadata: dict[str, str] | None = None,
+        metadata_filter: dict[str, str] | None = None,
     ) -> tuple[list[JobRecord], bool]:
         """Returns (jobs, has_more): newest first, starting after the cursor job id. With
-        `metadata`, only jobs whose request's metadata holds every pair (`{}`: jobs with none),
+        `metadata_filter`, only jobs whose request's metadata holds every pair (`{}`: jobs with none),
         filtered in SQL (SQLite's json_extract, PostgreSQL's ->>)."""
         order = jobs.c.id.asc() if oldest_first else jobs.c.id.desc()
         query = jobs.select().order_by(order).limit(limit + 1)
@@ -207,10 +207,10 @@ class Store:
             query = query.where(jobs.c.id > after if oldest_first else jobs.c.id < after)
         if statuses is not None:
             query = query.where(jobs.c.status.in_([JobStatus(s).value for s in statuses]))
-        if metadata:
+        if metadata_filter:
             query = query.where(*(jobs.c.request[("metadata", key)].as_string() == value
-                                  for key, value in metadata.items()))
-        elif metadata is not None:
+                                  for key, value in metadata_filter.items()))
+        elif metadata_filter is not None:
             stored = jobs.c.request["metadata"].as_string()
             query = query.where(sa.or_(stored.is_(None), stored == "{}"))
         with self.engine.connect() as conn:

@@ -131,13 +131,13 @@ def test_list_filters_on_metadata_in_the_database_and_pages_the_matches(store):
     plain, empty = make(None), make({})
     a1, b, a2 = make({"team": "a"}), make({"team": "b", "run": "2"}), make({"team": "a", "run": "it's \"3\""})
     store.create_job(tenant="t2", request={**REQUEST, "metadata": {"team": "a"}})  # another tenant's
-    assert [j.id for j in store.list_jobs(tenant="t1", metadata={"team": "a"})[0]] == [a2, a1]
-    assert [j.id for j in store.list_jobs(tenant="t1", metadata={"team": "b", "run": "2"})[0]] == [b]
-    assert [j.id for j in store.list_jobs(tenant="t1", metadata={"run": "it's \"3\""})[0]] == [a2]
-    assert store.list_jobs(tenant="t1", metadata={"team": "b", "run": "3"})[0] == []
-    assert [j.id for j in store.list_jobs(tenant="t1", metadata={})[0]] == [empty, plain]
+    assert [j.id for j in store.list_jobs(tenant="t1", metadata_filter={"team": "a"})[0]] == [a2, a1]
+    assert [j.id for j in store.list_jobs(tenant="t1", metadata_filter={"team": "b", "run": "2"})[0]] == [b]
+    assert [j.id for j in store.list_jobs(tenant="t1", metadata_filter={"run": "it's \"3\""})[0]] == [a2]
+    assert store.list_jobs(tenant="t1", metadata_filter={"team": "b", "run": "3"})[0] == []
+    assert [j.id for j in store.list_jobs(tenant="t1", metadata_filter={})[0]] == [empty, plain]
     # Pages hold matches only: the cursor goes on from the last match.
-    page, more = store.list_jobs(tenant="t1", metadata={"team": "a"}, limit=1)
+    page, more = store.list_jobs(tenant="t1", metadata_filter={"team": "a"}, limit=1)
     assert [j.id for j in page] == [a2] and more
-    page, more = store.list_jobs(tenant="t1", metadata={"team": "a"}, limit=1, after=a2)
+    page, more = store.list_jobs(tenant="t1", metadata_filter={"team": "a"}, limit=1, after=a2)
     assert [j.id for j in page] == [a1] and not more
