@@ -183,8 +183,9 @@ class Recipe:
         elif cfg.init_from:
             self._continue_from(cfg)
         if self.rank == 0 and self.sink is not None:
-            # Asked before the workers started: pause at the first check.
-            self.pause_seen = bool(ray.get(self.sink.pause_requested.remote()))
+            # Asked before the workers started? The answer is read at the first check after it
+            # comes (nothing waits for it here).
+            self._pause_ref = self.sink.pause_requested.remote()
 
     def _continue_from(self, cfg: TrainConfig) -> None:
         """A job's first start from another job's checkpoint: its trainable weights and, with
