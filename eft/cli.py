@@ -182,6 +182,9 @@ def _show_job(job: Job, as_json: bool) -> None:
         ("progress", _progress(job)), ("created", _time(job.created_at)),
         ("finished", _time(job.finished_at)), ("artifact", job.artifact_path or "-"),
     ]
+    if job.queue:
+        start = f", start ~{_time(job.queue.estimated_start)}" if job.queue.estimated_start else ""
+        rows.append(("queue", f"#{job.queue.position}: {job.queue.reason}{start}"))
     if job.error:
         rows.append(("error", f"{job.error.code}: {job.error.message}"))
     out.print(_table("", "", rows=rows))
@@ -194,6 +197,7 @@ def _show_job(job: Job, as_json: bool) -> None:
 CREATE_FIELDS = {
     "model": ("", "model"), "training_file": ("", "training_file"),
     "validation_file": ("", "validation_file"), "strategy": ("", "strategy"), "name": ("", "name"),
+    "priority": ("", "priority"),
     "method": ("method", "type"), "r": ("method", "r"), "alpha": ("method", "alpha"),
     "dropout": ("method", "dropout"), "target_modules": ("method", "target_modules"),
     "epochs": ("hyperparameters", "epochs"), "max_steps": ("hyperparameters", "max_steps"),
@@ -261,6 +265,7 @@ def jobs_create(
     strategy: Annotated[StrategyName | None, typer.Option()] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
     name: Annotated[str | None, typer.Option()] = None,
+    priority: Annotated[str | None, typer.Option(help="low, normal, high or 0-100: order in your own queue.")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", exists=True, dir_okay=False,
                                               help="JSON request; flags override it.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Then wait as `eft jobs wait`.")] = False,
@@ -268,6 +273,8 @@ def jobs_create(
 ) -> None:
     """Submit a job: `eft jobs create --model tiny-llama --training-file data/train.jsonl`."""
     flags = {key: value for key, value in locals().items() if key in CREATE_FIELDS}
+    if priority is not None and priority.isdigit():
+        flags["priority"] = int(priority)
     client = _client(ctx)
     job = client.jobs.create(build_request(file, flags))
     if wait:

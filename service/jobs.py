@@ -29,7 +29,7 @@ from eft.service.files import FileStore
 from eft.service.inference import AdapterSource, BaseSource
 from eft.service.idempotency import Idempotency, request_digest
 from eft.service.model_ids import checkpoint_model_id, fine_tuned_model_id, parse_model_id
-from eft.service import exports
+from eft.service import exports, queueing
 from eft.service.launcher import Launcher, RayJobState, stop_quietly
 from eft.service.progress import progress_fields
 from eft.service.quotas import check_quota, demand
@@ -196,7 +196,10 @@ class JobService:
 
     def get(self, job_id: str, tenant: str) -> Job:
         job = self.store.get_job(job_id, tenant)
-        return to_wire(job, self.store.latest_metric_values([job.id]).get(job.id))
+        wire = to_wire(job, self.store.latest_metric_values([job.id]).get(job.id))
+        if job.status is JobStatus.queued:  # its place in line (read once per GET of a queued job)
+            wire.queue = queueing.position(self.store, self.settings, job)
+        return wire
 
     def list(self, tenant: str, limit: int, after: str | None, status: JobStatus | None,
              metadata: dict[str, str] | None = None) -> JobList:

@@ -25,6 +25,7 @@ Three policies:
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -154,6 +155,43 @@ def fair_shares(total: float, demands: Mapping[str, float], tenants: Mapping[str
         active -= fixed.keys()
         left = max(0.0, left - sum(fixed.values()))
     return share
+
+
+def priority_value(priority: str | int | None) -> int:
+    """A job's priority as a number: the named ones, or the number as given."""
+    if priority is None:
+        return PRIORITIES["normal"]
+    return PRIORITIES[priority] if isinstance(priority, str) else int(priority)
+
+
+def fair_order(running: Mapping[str, int], queued: Iterable[Demand], tenants: Mapping[str, Tenant] | None = None,
+               per_tenant_limit: int | None = None) -> list[Demand]:
+    """The order in which queued jobs take job slots as they free up (weighted fair queueing):
+    each next slot goes to the tenant furthest below its guaranteed jobs, else with the fewest
+    running jobs per unit of weight (`running` counts each tenant's), and within a tenant to its
+    highest priority, then oldest job. Tenants at `per_tenant_limit` come after the others."""
+    tenants = dict(tenants or {})
+    count = {t: float(n) for t, n in running.items()}
+    lines: dict[str, list[Demand]] = {}
+    waiting: dict[str, list[float]] = {}  # each tenant's queued arrivals, sorted: its longest wait first
+    for job in sorted(queued, key=lambda j: (-j.priority, j.arrival, j.id)):
+        lines.setdefault(job.tenant, []).append(job)
+        bisect.insort(waiting.setdefault(job.tenant, []), job.arrival)
+    order: list[Demand] = []
+    while lines:
+        def turn(t: str) -> tuple:
+            share = tenants.get(t, Tenant())
+            capped = per_tenant_limit is not None and count.get(t, 0.0) >= per_tenant_limit
+            return (capped, count.get(t, 0.0) >= share.guaranteed, count.get(t, 0.0) / max(share.weight, 1e-9),
+                    waiting[t][0], t)
+        tenant = min(lines, key=turn)
+        job = lines[tenant].pop(0)
+        order.append(job)
+        del waiting[tenant][bisect.bisect_left(waiting[tenant], job.arrival)]
+        count[tenant] = count.get(tenant, 0.0) + 1
+        if not lines[tenant]:
+            del lines[tenant], waiting[tenant]
+    return order
 
 
 def plan(pools: Iterable[Pool], demands: Iterable[Demand], tenants: Mapping[str, Tenant] | None = None, *,

@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from eft.types.jobs import JobStatus
-from eft.service import metrics
+from eft.service import metrics, queueing
 from eft.service.errors import Conflict, RequestInvalid
 from eft.service.launcher import Launcher, RayJobState, stop_quietly, submission_id_for
 from eft.service.lifecycle import IllegalTransition
@@ -31,7 +31,7 @@ from eft.training.config import TrainConfig
 log = logging.getLogger("eft.scheduler")
 
 Validator = Callable[[JobRecord, Settings], tuple[Any, dict[str, Any]]]
-ACTIVE = (JobStatus.running, JobStatus.pausing, JobStatus.cancelling)
+ACTIVE = queueing.ACTIVE
 MAX_DISPATCH_FAILURES = 3
 MAX_VALIDATION_FAILURES = 3
 
@@ -124,29 +124,28 @@ class Scheduler:
     # --- queued -> running -----------------------------------------------------------------
 
     def dispatch_queued(self) -> None:
-        """Start queued jobs while the cluster and their tenants are under their limits, one
-        job per tenant per round, tenants in the order of their longest-waiting job: a tenant
-        with a long backlog never hides another tenant's job from a free slot."""
+        """Start queued jobs while the cluster and their tenants are under their limits, in the
+        fair order (`eft.service.queueing`): the next free slot goes to the tenant furthest
+        below its weighted share, within a tenant to its highest-priority, then oldest, job; a
+        tenant with a long backlog never hides another tenant's job from a free slot."""
         if self.settings.dispatch_paused:
             return  # validated jobs wait in the queue until dispatching resumes
-        running = self.store.active_by_tenant(ACTIVE)
+        line = queueing.queue(self.store, self.settings)
+        running = line.running
         capacity = self.settings.max_running_jobs - sum(running.values())
-        if capacity <= 0:
-            return
         per_tenant = self.settings.max_running_jobs_per_tenant
-        heads = self.store.queued_heads({t: min(capacity, per_tenant - running[t]) for t in self.store.queued_tenants()})
-        while capacity > 0 and heads:
-            for tenant in list(heads):
-                if capacity <= 0:
-                    break
-                job = heads[tenant].pop(0)
-                if not heads[tenant]:
-                    del heads[tenant]
-                if self._dispatch_one(job):
-                    capacity -= 1
-                    running[tenant] += 1
-                    if running[tenant] >= per_tenant:
-                        heads.pop(tenant, None)
+        chosen: list[str] = []
+        for job_id in line.order:
+            if len(chosen) >= capacity:
+                break
+            tenant = line.tenant_of[job_id]
+            if running[tenant] >= per_tenant:
+                continue
+            chosen.append(job_id)
+            running[tenant] += 1
+        for job in self.store.get_jobs(chosen):
+            if job.status is JobStatus.queued:
+                self._dispatch_one(job)
 
     def _dispatch_one(self, job: JobRecord) -> bool:
         """Claim the job's next attempt and submit it. The claim records the attempt's

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eft.training.storage import storage_environment
@@ -22,6 +22,11 @@ BUNDLED_ASSETS = REPO_ROOT / "assets"
 
 def _default_home() -> Path:
     return Path.home() / ".eft"
+
+
+class TenantShare(BaseModel):
+    weight: float = Field(1.0, gt=0)
+    guaranteed: int = Field(0, ge=0)
 
 
 class Settings(BaseSettings):
@@ -102,6 +107,9 @@ class Settings(BaseSettings):
 
     max_running_jobs: int = Field(4, ge=1, description="Jobs dispatched at once, cluster-wide.")
     max_running_jobs_per_tenant: int = Field(2, ge=1)
+    tenant_shares: dict[str, TenantShare] = Field(
+        default_factory=dict, description="Each tenant's weight in the cluster's fair share and the running "
+        'jobs it is guaranteed, as JSON: {"team-a": {"weight": 2, "guaranteed": 1}}; others weigh 1.')
     scheduler_interval_s: float = Field(
         1.0, gt=0, description="Seconds between scheduler passes (a created job starts one at once)."
     )

@@ -225,6 +225,24 @@ class Store:
         with contextlib.nullcontext(conn) if conn is not None else self.engine.connect() as c:
             return Counter({tenant: n for tenant, n in c.execute(query).all()})
 
+    def queue_lines(self) -> list[tuple[str, str, Any]]:
+        """Every queued job as (id, tenant, requested priority), oldest first: what the dispatch
+        order is computed from (a few columns, not the records)."""
+        priority = jobs.c.request["priority"].as_string()
+        query = (sa.select(jobs.c.id, jobs.c.tenant, priority).where(jobs.c.status == JobStatus.queued.value)
+                 .order_by(jobs.c.id.asc()))
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(query).all()]
+
+    def get_jobs(self, ids: Iterable[str]) -> list[JobRecord]:
+        """The jobs with these ids, in the given order (missing ones left out)."""
+        ids = list(ids)
+        if not ids:
+            return []
+        with self.engine.connect() as conn:
+            rows = {r.id: JobRecord.from_row(r) for r in conn.execute(jobs.select().where(jobs.c.id.in_(ids))).all()}
+        return [rows[i] for i in ids if i in rows]
+
     def queued_heads(self, per_tenant: dict[str, int]) -> dict[str, list[JobRecord]]:
         """For each tenant in `per_tenant`, up to that many of its oldest queued jobs; tenants
         ordered by their oldest queued job (the longest waiting first)."""

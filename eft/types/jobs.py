@@ -344,6 +344,17 @@ class JobCreate(_Request):
         None, min_length=8, max_length=2048,
         description="Where this job's succeeded, failed, cancelled and paused events are sent, signed with the "
         "tenant's webhook secret (POST /webhooks/secret makes it): an https URL.")
+    priority: str | int = Field(
+        "normal", description="Order among the tenant's own queued jobs: low (0), normal (50), high (100) or a "
+        "number 0-100; higher runs first. Tenants share the cluster by their weights whatever their jobs' priority.")
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, value: Any) -> Any:
+        if (isinstance(value, str) and value in ("low", "normal", "high")) or (
+                isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 100):
+            return value
+        raise ValueError(f"priority is low, normal, high or a number from 0 to 100, not {value!r}")
 
     @property
     def tuning(self) -> LoraMethod | QloraMethod | FullMethod:
@@ -355,6 +366,16 @@ class JobCreate(_Request):
 
 
 # --- responses -----------------------------------------------------------------------------
+
+
+class QueuePosition(_Response):
+    """Where a queued job stands: its place in the dispatch order and why it waits."""
+
+    position: int = Field(description="1 for the next job to start; tenants take turns by their weighted share.")
+    reason: str = Field(description="Why it is not running yet.")
+    estimated_start: datetime | None = Field(
+        None, description="When a slot is expected to free up for it, from the running jobs' estimated finishes; "
+        "null when no estimate can be made yet.")
 
 
 class JobError(_Response):
@@ -389,6 +410,8 @@ class Job(_Response):
     from_checkpoint: str | None = Field(None, description="The checkpoint this job continues from, `<job id>:<step>`.")
     restore_optimizer: bool = True
     webhook_url: str | None = None
+    priority: str | int = "normal"
+    queue: QueuePosition | None = Field(None, description="For a queued job: its place in line, and why it waits.")
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None

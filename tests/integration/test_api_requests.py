@@ -301,3 +301,21 @@ def test_a_created_job_calls_the_replicas_hook_once(eft_home, data):
         assert c.post("/jobs", json={**body, "model": "nope"}).status_code == 422
     store.close()
     assert calls == [1]
+
+
+def test_priority_is_kept_and_a_bad_one_is_named(client, data, service):
+    from tests.integration.conftest import validate_pending
+
+    train = data("train.jsonl", [CHAT] * 3)
+    problems = _problems(client.post("/jobs", json={"model": "tiny-llama", "training_file": train, "priority": "urgent"}))
+    assert "priority" in problems and "low" in problems["priority"]
+    problems = _problems(client.post("/jobs", json={"model": "tiny-llama", "training_file": train, "priority": 101}))
+    assert "priority" in problems
+    _nothing_stored(client)
+    r = client.post("/jobs", json={"model": "tiny-llama", "training_file": train, "priority": "high"})
+    assert r.status_code == 201 and r.json()["priority"] == "high" and r.json()["queue"] is None
+    _, store, settings = service
+    validate_pending(store, settings)
+    queued = client.get(f"/jobs/{r.json()['id']}").json()
+    assert queued["status"] == "queued" and queued["priority"] == "high"
+    assert queued["queue"]["position"] == 1 and queued["queue"]["reason"]

@@ -468,3 +468,50 @@ def test_the_sqlite_store_is_readable_by_its_owner_only(tmp_path):
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     store.close()
+
+
+def test_priority_orders_a_tenants_queue_and_weights_share_the_slots(store):
+    """Within a tenant the high-priority job starts first; across tenants the slots go by the
+    tenants' weights (EFT_TENANT_SHARES), whatever the jobs' priorities."""
+    from eft.service.settings import TenantShare
+
+    low = store.create_job(tenant="a", request={**REQUEST, "priority": "low"})
+    a_jobs = _queued(store, "a", 3)
+    urgent = store.create_job(tenant="a", request={**REQUEST, "priority": 90})
+    b_jobs = [store.create_job(tenant="b", request={**REQUEST, "priority": "high"}) for _ in range(3)]
+    launcher = RecordingLauncher()
+    scheduler = _scheduler(store, launcher, max_running_jobs=3, max_running_jobs_per_tenant=3,
+                           tenant_shares={"a": TenantShare(weight=2)})
+    scheduler.tick()
+    started = {sid.rsplit("-attempt-", 1)[0] for sid in launcher.submitted}
+    # a weighs 2: two of the three slots, its priority-90 job and then its oldest normal one;
+    # b's high priority does not take a's share.
+    assert started == {urgent.id, a_jobs[0].id, b_jobs[0].id}
+    assert store.get_job(low.id).status is JobStatus.queued
+
+
+def test_a_queued_job_reports_its_place_its_reason_and_an_estimated_start(store):
+    from datetime import timedelta
+
+    from eft.service import queueing
+
+    settings = Settings(max_running_jobs=1, max_running_jobs_per_tenant=1)
+    running, = _queued(store, "a")
+    store.transition(running.id, JobStatus.queued, "validated", total_steps=100)
+    store.transition(running.id, JobStatus.running, "go", attempt=1)
+    store.update_job(running.id, attempt=1, step=50)
+    store.record_metrics(running.id, 1, 50, {"step_time_s": 2.0})
+    waiting = [store.create_job(tenant=t, request=REQUEST) for t in ("a", "b", "b")]
+    for job in waiting:
+        store.transition(job.id, JobStatus.queued, "validated")
+    now = store.get_job(running.id).updated_at
+    places = {j.id: queueing.position(store, settings, store.get_job(j.id), now) for j in waiting}
+    # b runs nothing, a runs one: b's first job goes first; then both tenants are at their
+    # limit of one and the longer-waiting tenant's job (a's) comes next.
+    assert [places[j.id].position for j in waiting] == [2, 1, 3]
+    assert "a slot" not in places[waiting[1].id].reason and "limit" in places[waiting[1].id].reason
+    assert "its tenant runs 1 jobs" in places[waiting[0].id].reason
+    # The next slot frees when the running job's 50 remaining steps of 2 s are done.
+    assert places[waiting[1].id].estimated_start == now + timedelta(seconds=100)
+    assert places[waiting[0].id].estimated_start is None  # no second running job to finish
+    assert queueing.position(store, settings, store.get_job(running.id)) is None

@@ -84,6 +84,21 @@ def test_jobs_create_json_sends_only_the_flags_given(serve):
     assert "idempotency-key" in server.requests[0].headers
 
 
+def test_jobs_create_sends_the_priority_and_get_shows_the_queue(serve):
+    queue = {"position": 3, "reason": "4 jobs run, the cluster's limit", "estimated_start": "2025-01-01T01:00:00Z"}
+    server = serve({("POST", "/jobs"): httpx.Response(201, json=job_json(priority=90)),
+                    ("GET", "/jobs/ftjob-1"): httpx.Response(200, json=job_json(priority=90, queue=queue))})
+    assert invoke("jobs", "create", "--model", "m", "--training-file", "t.jsonl", "--priority", "90",
+                  "--json").exit_code == 0
+    assert json.loads(server.requests[0].content)["priority"] == 90
+    assert invoke("jobs", "create", "--model", "m", "--training-file", "t.jsonl", "--priority", "high",
+                  "--json").exit_code == 0
+    assert json.loads(server.requests[1].content)["priority"] == "high"
+    result = invoke("jobs", "get", "ftjob-1")
+    assert result.exit_code == 0, result.output
+    assert "#3: 4 jobs run, the cluster's limit" in result.output
+
+
 def test_jobs_create_flags_override_the_request_file(serve, tmp_path):
     server = serve({("POST", "/jobs"): httpx.Response(201, json=job_json())})
     request = tmp_path / "request.json"

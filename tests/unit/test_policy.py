@@ -109,3 +109,25 @@ def test_bad_inputs_are_refused() -> None:
         plan([Pool("gpu", 4)], [job("x", lo=3, hi=2)])
     with pytest.raises(ValueError, match="policy"):
         plan([Pool("gpu", 4)], [], policy="lottery")
+
+
+def test_fair_order_takes_tenants_by_weighted_running_jobs_then_priority_then_age() -> None:
+    from eft.service.policy import fair_order
+
+    queued = [job(f"a{i}", "a", 1, 1, i) for i in range(4)] + [job(f"b{i}", "b", 1, 1, 10 + i) for i in range(4)]
+    # Equal weights: turns, the longest-waiting tenant first.
+    assert [d.id for d in fair_order({}, queued)][:4] == ["a0", "b0", "a1", "b1"]
+    # a weighs 2: two of a's for one of b's.
+    order = [d.id for d in fair_order({}, queued, {"a": Tenant(weight=2)})]
+    assert order[:6] == ["a0", "b0", "a1", "a2", "b1", "a3"]
+    # Running jobs count: b already runs 2, so a goes first twice.
+    assert [d.id for d in fair_order({"b": 2}, queued)][:3] == ["a0", "a1", "a2"]
+    # A guaranteed job comes before any share: b is guaranteed 1 although a weighs 10.
+    assert fair_order({"a": 0}, queued, {"a": Tenant(weight=10), "b": Tenant(guaranteed=1)})[0].id == "b0"
+    # Within a tenant, priority before age.
+    urgent = job("a9", "a", 1, 1, 99, priority=PRIORITIES["high"])
+    assert [d.id for d in fair_order({}, queued + [urgent])][0] == "a9"
+    # A tenant at its running limit goes after the others (until they reach theirs too).
+    assert [d.id for d in fair_order({"a": 2}, queued, per_tenant_limit=2)][:3] == ["b0", "b1", "a0"]
+    assert [d.id for d in fair_order({"a": 2}, queued, per_tenant_limit=4)][:3] == ["b0", "b1", "a0"]
+    assert [d.id for d in fair_order({"a": 2}, queued, per_tenant_limit=3)][:4] == ["b0", "b1", "a0", "b2"]
