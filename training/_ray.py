@@ -28,6 +28,8 @@ from ray.train.v2._internal.execution.controller.state import (
     SchedulingState,
 )
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
+from ray.train.v2._internal.execution.scaling_policy import NoopDecision, ResizeDecision
+from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
 from ray.train.v2._internal.execution.preemption import PreemptionContext, PreemptionWatcher
 
 #: The Ray release (major.minor) these internals were read from and tested against.
@@ -35,7 +37,8 @@ TESTED_RAY_VERSION = "2.60"
 
 __all__ = [
     "TESTED_RAY_VERSION", "ControllerCallback", "DatasetsCallback", "DEFAULT_ENABLE_PREEMPTION_WATCHER",
-    "DefaultFailurePolicy", "ENABLE_PREEMPTION_WATCHER_ENV_VAR", "FailureDecision",
+    "DefaultFailurePolicy", "ENABLE_PREEMPTION_WATCHER_ENV_VAR", "ElasticScalingPolicy", "FailureDecision",
+    "NoopDecision", "ResizeDecision",
     "PlacementGroupCleanerCallback", "PreemptingState", "PreemptionCallback", "PreemptionContext",
     "PreemptionWatcher", "ReschedulingState", "ResizingState", "RestartingState", "RunningState",
     "SchedulingState", "env_bool", "get_ray_address_from_environment", "get_train_context",

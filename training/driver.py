@@ -33,12 +33,15 @@ from eft.training._ray import (
     ControllerCallback,
     DatasetsCallback,
     DefaultFailurePolicy,
+    ElasticScalingPolicy,
     FailureDecision,
+    NoopDecision,
     PlacementGroupCleanerCallback,
     PreemptingState,
     PreemptionCallback,
     PreemptionWatcher,
     ReschedulingState,
+    ResizeDecision,
     ResizingState,
     RestartingState,
     SchedulingState,
@@ -98,6 +101,51 @@ class _Reporting:
                 delay = min(delay * 2, 8.0)
 
 
+#: Resize checkpoints the Train controller has registered, per job: `RecordCheckpoints` (a
+#: callback) counts them and `LosslessResize` (the scaling policy) waits for one, both in the
+#: controller's process.
+RESIZE_CHECKPOINTS: dict[str, int] = {}
+
+
+class LosslessResize(ElasticScalingPolicy):
+    """Ray Train's elastic policy, except that a resize of a running worker group first asks
+    the workers for a checkpoint (through the progress sink; they take it at their next check,
+    about a second of training) and resizes once the controller has registered it: the new
+    group resumes where the old one stopped, so growing loses no step. Without the checkpoint
+    within `wait_s` (a worker stuck), it resizes from the latest one, as Ray Train would."""
+
+    def __init__(self, scaling_config: ScalingConfig, sink: Any, job_id: str, wait_s: float = 60.0):
+        super().__init__(scaling_config)
+        self.sink, self.job_id, self.wait_s = sink, job_id, wait_s
+        self._pending: Any = None
+        self._asked_at = 0.0
+        self._registered = 0
+        self._group_started: float | None = None
+
+    def make_decision_for_running_worker_group(self, worker_group_state, worker_group_status):  # noqa: ANN001, ANN201
+        if self._pending is not None and worker_group_state.start_time != self._group_started:
+            self._pending = None  # the group restarted meanwhile: that decision is stale
+        if self._pending is None:
+            decision = super().make_decision_for_running_worker_group(worker_group_state, worker_group_status)
+            if not isinstance(decision, ResizeDecision):
+                return decision
+            self._pending, self._asked_at = decision, time.monotonic()
+            self._group_started = worker_group_state.start_time
+            self._registered = RESIZE_CHECKPOINTS.get(self.job_id, 0)
+            try:
+                ray.get(self.sink.request_checkpoint.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - no sink: resize as Ray Train would
+                log.exception("could not ask %s's workers for a checkpoint before resizing", self.job_id)
+                self._asked_at = float("-inf")
+            log.info("resize to %s workers waits for a checkpoint", decision.num_workers)
+            return NoopDecision()
+        if (RESIZE_CHECKPOINTS.get(self.job_id, 0) > self._registered
+                or time.monotonic() - self._asked_at > self.wait_s):
+            decision, self._pending = self._pending, None
+            return decision
+        return NoopDecision()
+
+
 class RecordCheckpoints(_Reporting, ray.train.UserCallback):
     """Records every checkpoint Ray Train has persisted, with its size and why it was taken.
     (Per-step metrics take another path: training/progress.py.)"""
@@ -119,6 +167,9 @@ class RecordCheckpoints(_Reporting, ray.train.UserCallback):
         path = _checkpoint_uri(self.checkpoint_root, checkpoint.path)
         reason = state.get("reason", "interval")
         world_size = state.get("world_size")
+        if reason == "resize":  # keyed by the run (the job's config), as LosslessResize reads it
+            run = self.config.get("job_id", "")
+            RESIZE_CHECKPOINTS[run] = RESIZE_CHECKPOINTS.get(run, 0) + 1
         self.report("checkpoint", lambda: self.reporter.checkpoint(
             step, path, values, world_size=world_size, reason=reason, size_bytes=size,
             save_seconds=state.get("save_seconds")))
@@ -280,6 +331,10 @@ class JobTrainer(TorchTrainer):
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any):  # noqa: ANN202
         policy = JobFailurePolicy(self.run_config.failure_config)
         controller_init_kwargs["failure_policy"] = policy
+        if isinstance(controller_init_kwargs.get("scaling_policy"), ElasticScalingPolicy):
+            config = self.train_loop_config or {}
+            controller_init_kwargs["scaling_policy"] = LosslessResize(
+                self.scaling_config, config.get("progress"), config.get("train", {}).get("job_id", ""))
         # The same object also watches the controller's states (one pickle keeps one object).
         callbacks = [*controller_init_kwargs["callbacks"], policy]
         if WATCH_PREEMPTIONS:

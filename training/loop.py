@@ -13,6 +13,7 @@ gradient of the whole batch.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from concurrent.futures import Future, ThreadPoolExecutor
 import shutil
@@ -53,6 +54,10 @@ PREEMPTION_CHECK_INTERVAL_S = 1.0
 REPORT_WAIT_S = 30.0
 #: How long past the preemption deadline a worker waits to be stopped before giving up.
 PREEMPTION_TEARDOWN_GRACE_S = 60.0
+#: How long workers wait, after the checkpoint a resize asked for, for the resize to stop them.
+RESIZE_WAIT_S = 90.0
+
+log = logging.getLogger("eft.training.loop")
 
 
 def _all_reduce_sum(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
@@ -129,7 +134,10 @@ class Recipe:
         self.eval_extra: dict[str, float] = {}  # DPO: the last evaluation's reward metrics
         # Pause: rank 0 asks the progress sink at each check without waiting (one call in
         # flight); once asked, the workers checkpoint and stop.
-        self.pause_seen, self._pause_ref = False, None
+        self.pause_seen, self._control_ref = False, None
+        # Rank 0: checkpoint requests read from the sink, and those served (a resize waits for one).
+        self.checkpoints_asked = self.checkpoints_served = 0
+        self._control_baseline = False
         self.paused = False
 
     # --- setup ---------------------------------------------------------------------------
@@ -184,8 +192,10 @@ class Recipe:
             self._continue_from(cfg)
         if self.rank == 0 and self.sink is not None:
             # Asked before the workers started? The answer is read at the first check after it
-            # comes (nothing waits for it here).
-            self._pause_ref = self.sink.pause_requested.remote()
+            # comes (nothing waits for it here). Requests made before this group started were
+            # for the group before it: they are served already.
+            self._control_ref = self.sink.control.remote()
+            self._control_baseline = True
 
     def _continue_from(self, cfg: TrainConfig) -> None:
         """A job's first start from another job's checkpoint: its trainable weights and, with
@@ -447,32 +457,40 @@ class Recipe:
         if wait:
             ray.get(ref)
 
-    def _pause_requested(self) -> bool:
-        """Rank 0: whether the job was asked to pause, as far as the sink has answered (the
-        question is asked again once answered; nothing here waits)."""
-        if self.rank != 0 or self.sink is None or self.pause_seen:
-            return self.pause_seen
-        if self._pause_ref is not None:
-            ready, _ = ray.wait([self._pause_ref], timeout=0)
-            if not ready:
-                return False
-            self.pause_seen = bool(ray.get(self._pause_ref))
-        self._pause_ref = None if self.pause_seen else self.sink.pause_requested.remote()
-        return self.pause_seen
+    def _control(self) -> tuple[bool, bool]:
+        """Rank 0: (asked to pause, asked for a checkpoint now), as far as the sink has answered
+        (the question is asked again once answered; nothing here waits)."""
+        if self.rank != 0 or self.sink is None:
+            return False, False
+        if self._control_ref is not None:
+            ready, _ = ray.wait([self._control_ref], timeout=0)
+            if ready:
+                pause, asked = ray.get(self._control_ref)
+                self.pause_seen = self.pause_seen or bool(pause)
+                if self._control_baseline:
+                    self.checkpoints_served = int(asked)
+                    self._control_baseline = False
+                self.checkpoints_asked = max(self.checkpoints_asked, int(asked))
+                self._control_ref = None
+        if self._control_ref is None and not self.pause_seen:
+            self._control_ref = self.sink.control.remote()
+        return self.pause_seen, self.checkpoints_asked > self.checkpoints_served
 
-    def _checks_due(self) -> tuple[float | None, bool, bool]:
+    def _checks_due(self) -> tuple[float | None, bool, bool, bool]:
         """At a check step: (the preemption deadline in ms, 0 if none, when any rank has a
         notice, else None; whether the time-based checkpoint interval has passed; whether the
-        job was asked to pause), agreed by every rank in one collective."""
+        job was asked to pause; whether the controller asked for a checkpoint before it
+        resizes the worker group), agreed by every rank in one collective."""
         notice = delivered_preemption_notice()
         overdue = bool(self.cfg.checkpoint_every_seconds) and (
             time.monotonic() - self.last_checkpoint_at >= self.cfg.checkpoint_every_seconds)
-        noticed, deadline_ms, overdue_any, pause = _all_reduce_sum(
+        pause, resize = self._control()
+        noticed, deadline_ms, overdue_any, pause_any, resize_any = _all_reduce_sum(
             [float(notice is not None), float(notice.deadline_ms or 0) if notice else 0.0, float(overdue),
-             float(self._pause_requested())],
+             float(pause), float(resize)],
             self.device, op="max",
         )
-        return (deadline_ms if noticed else None), overdue_any > 0, pause > 0
+        return (deadline_ms if noticed else None), overdue_any > 0, pause_any > 0, resize_any > 0
 
     def _wait_out_preemption(self, deadline_ms: float) -> None:
         """After the preemption checkpoint, train no further (every later step would be lost)
@@ -485,6 +503,16 @@ class Recipe:
             f"the worker group was not stopped {PREEMPTION_TEARDOWN_GRACE_S:.0f}s after the "
             "preemption deadline; restarting from the preemption checkpoint"
         )
+
+    def _wait_for_resize(self) -> None:
+        """After the resize checkpoint: wait for Ray Train to stop this worker group (it starts
+        the resized one from that checkpoint). Should no resize come within RESIZE_WAIT_S (the
+        controller changed its mind), training goes on from here. Every rank waits the same."""
+        give_up_at = time.monotonic() + RESIZE_WAIT_S
+        while time.monotonic() < give_up_at:
+            time.sleep(0.2)
+        log.warning("no resize came %.0f s after the resize checkpoint at step %s; training on",
+                    RESIZE_WAIT_S, self.step)
 
     def train(self) -> None:
         cfg = self.cfg
@@ -499,12 +527,12 @@ class Recipe:
             at_log = self.step % cfg.log_every_steps == 0 or self.step in (1, cfg.total_steps)
             at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and self.step < cfg.total_steps
             at_eval = bool(cfg.eval_every_steps) and self.step % cfg.eval_every_steps == 0 and self.step < cfg.total_steps
-            preempt_deadline_ms, overdue, pausing = None, False, False
+            preempt_deadline_ms, overdue, pausing, resizing = None, False, False, False
             if self.step >= next_check and self.step < cfg.total_steps:
-                preempt_deadline_ms, overdue, pausing = self._checks_due()
+                preempt_deadline_ms, overdue, pausing, resizing = self._checks_due()
                 next_check = self.step + check_every
             preempting = preempt_deadline_ms is not None
-            if not (at_log or at_ckpt or at_eval or preempting or overdue or pausing):
+            if not (at_log or at_ckpt or at_eval or preempting or overdue or pausing or resizing):
                 continue
             # Decided by step count and by collectives, so every rank joins the same
             # collectives and reports.
@@ -528,7 +556,14 @@ class Recipe:
                 return
             if self.stopped_early:
                 return  # the final checkpoint comes next, at this step
-            if at_ckpt or overdue:
+            if resizing:
+                # The controller resizes the worker group once this checkpoint is registered:
+                # the new group resumes here, and no step is trained twice. Until it stops this
+                # group, training on would only make steps to lose.
+                self._report(metrics, with_checkpoint=True, reason="resize")
+                self.checkpoints_served = self.checkpoints_asked
+                self._wait_for_resize()
+            elif at_ckpt or overdue:
                 self._report(metrics, with_checkpoint=True, reason="interval" if at_ckpt else "time")
 
     # --- finish --------------------------------------------------------------------------

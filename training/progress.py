@@ -50,6 +50,17 @@ class ProgressSink:
         """Whether the job was asked to pause (rank 0 asks at its checks, without waiting)."""
         return bool(self.reporter.pause_requested())
 
+    def request_checkpoint(self) -> int:
+        """The controller asks for a checkpoint at the workers' next check (before a resize):
+        returns the request's number."""
+        self.checkpoints_asked = getattr(self, "checkpoints_asked", 0) + 1
+        return self.checkpoints_asked
+
+    def control(self) -> tuple[bool, int]:
+        """What rank 0 reads at its checks, without waiting: (asked to pause, checkpoint
+        requests so far)."""
+        return bool(self.reporter.pause_requested()), getattr(self, "checkpoints_asked", 0)
+
     def close(self) -> None:
         """Flush and close the trackers (the driver calls this before publishing)."""
         for tracker in self.trackers:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -86,6 +87,10 @@ def _assert_same_adapter(job: dict, reference: dict, atol: float) -> None:
 
 def _losses(url: str, job_id: str) -> dict[int, float]:
     return {m["step"]: m["values"]["loss"] for m in _get(url, job_id, "/metrics") if "loss" in m["values"]}
+
+
+def _at(event: dict) -> datetime:
+    return datetime.fromisoformat(event["created_at"].replace("Z", "+00:00"))
 
 
 def _trained_steps(url: str, job_id: str) -> list[int]:
@@ -282,6 +287,9 @@ def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_no
 
     assert shrunk["data"]["checkpoint_reason"] == "preemption"
     assert shrunk["data"]["lost_steps"] == 0  # the drain cost no work
+    # Growing cost no work either: the workers checkpointed when the controller decided to grow,
+    # and the two-worker group resumed from that checkpoint.
+    assert grown["data"]["checkpoint_reason"] == "resize" and grown["data"]["lost_steps"] == 0, grown
     events = _events(url, jid)
     saved = [e for e in events if e["type"] == "checkpoint_saved"]
     preemption_saves = [e for e in saved if e["data"]["reason"] == "preemption"]
@@ -291,7 +299,12 @@ def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_no
     assert resized == [(1, 2), (2, 1)], resized
     assert done["preemptions"] == 1 and done["resizes"] == 2 and done["restarts"] == 0
     assert done["num_workers"] == 1 and first.poll() is None
-    assert sorted(set(_trained_steps(url, jid))) == list(range(1, ELASTIC_STEPS + 1))
+    # Every step trained exactly once, across both resizes.
+    assert sorted(_trained_steps(url, jid)) == list(range(1, ELASTIC_STEPS + 1))
+    resize_saves = [e for e in saved if e["data"]["reason"] == "resize"]
+    assert [(e["data"]["step"], e["data"]["world_size"]) for e in resize_saves] == [(grown["data"]["step"], 1)]
+    pause_s = (_at(grown) - _at(resize_saves[0])).total_seconds()
+    print(f"growth: checkpoint at step {grown['data']['step']}, resumed on 2 workers {pause_s:.1f} s later")
     # Until the job first grew it ran at the reference's world size: the same losses, bit for bit.
     ours, theirs = _losses(url, jid), _losses(url, reference["id"])
     before_growth = range(1, grown["data"]["step"] + 1)
@@ -304,7 +317,7 @@ def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_no
     assert difference / sum(float((b[k] ** 2).sum()) for k in b) ** 0.5 < 1e-3
     checkpoints = _get(url, jid, "/checkpoints")
     assert all(c["size_bytes"] > 0 for c in checkpoints)
-    assert {c["reason"] for c in checkpoints} >= {"interval", "preemption", "final"}
+    assert {c["reason"] for c in checkpoints} >= {"interval", "resize", "preemption", "final"}
 
 
 # --- the service itself --------------------------------------------------------------------
