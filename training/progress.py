@@ -9,6 +9,8 @@ every earlier one landed.
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 import ray
@@ -54,6 +56,7 @@ class ProgressSink:
         """The controller asks for a checkpoint at the workers' next check (before a resize):
         returns the request's number."""
         self.checkpoints_asked = getattr(self, "checkpoints_asked", 0) + 1
+        self.resize_asked_at = time.monotonic()
         return self.checkpoints_asked
 
     def control(self) -> tuple[bool, int]:
@@ -75,12 +78,19 @@ class ProgressSink:
             return lost
         self.reporter.counts(lost_steps=lost)
         self.telemetry.counts(lost_steps=lost)
+        data = {"step": step, "world_size": world_size, "lost_steps": lost,
+                "checkpoint_reason": checkpoint_reason, "load_seconds": round(load_seconds, 4)}
+        asked_at = getattr(self, "resize_asked_at", None)
+        if checkpoint_reason == "resize" and asked_at is not None:
+            # What the resize cost: from the controller's decision (the checkpoint asked for)
+            # to the resized group holding that checkpoint, ready to train.
+            data["resize_pause_s"] = round(time.monotonic() - asked_at, 3)
+            self.resize_asked_at = None
         self.reporter.event(
             "resumed",
             f"resumed at step {step} with {world_size} worker(s) from a {checkpoint_reason} "
             f"checkpoint; {lost} step(s) to train again",
-            {"step": step, "world_size": world_size, "lost_steps": lost,
-             "checkpoint_reason": checkpoint_reason, "load_seconds": round(load_seconds, 4)},
+            data,
         )
         self.furthest = step
         self.telemetry.last_step = step
