@@ -5,10 +5,13 @@ rendered in headless Chromium (screenshot under test-artifacts/)."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
+import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
@@ -174,10 +177,12 @@ def _chromium_when(url: str, condition: str, timeout_s: float = 180) -> str:
     from websockets.sync.client import connect
 
     port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="eft-chromium-") as profile:
+    # Chromium's helper processes may still be writing the profile as the browser exits: the
+    # whole process group is stopped, and a file they leave behind does not fail the test.
+    with tempfile.TemporaryDirectory(prefix="eft-chromium-", ignore_cleanup_errors=True) as profile:
         browser = subprocess.Popen([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
                                     f"--remote-debugging-port={port}", "--remote-allow-origins=*", url],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             deadline = time.monotonic() + timeout_s
             pages = []
@@ -204,12 +209,13 @@ def _chromium_when(url: str, condition: str, timeout_s: float = 180) -> str:
                     time.sleep(0.2)
                 return evaluate("document.documentElement.outerHTML")
         finally:
-            browser.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(browser.pid, signal.SIGTERM)
             browser.wait(timeout=30)
 
 
 def _chromium(*args: str) -> str:
-    with tempfile.TemporaryDirectory(prefix="eft-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="eft-chromium-", ignore_cleanup_errors=True) as profile:
         result = subprocess.run(
             [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args],
             capture_output=True, text=True, timeout=120,
