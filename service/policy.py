@@ -367,6 +367,7 @@ def _explain(jobs: list[Demand], state: _State, share: dict[str, float]) -> dict
             reason = ("shrink: its tenant is over its share" if state.used.get(job.tenant, 0.0) > share[job.tenant] + 1e-9
                       else "shrink: room for another job")
         else:
-            reason = state.reasons.get(job.id, "running") if state.reasons.get(job.id, "").startswith("growth") else "running"
+            held_back = state.reasons.get(job.id, "")
+            reason = held_back if held_back.startswith("growth") else "running"
         decisions[job.id] = Decision(job.id, target, reason, placement, because)
     return decisions

@@ -243,20 +243,6 @@ class Store:
             rows = {r.id: JobRecord.from_row(r) for r in conn.execute(jobs.select().where(jobs.c.id.in_(ids))).all()}
         return [rows[i] for i in ids if i in rows]
 
-    def queued_heads(self, per_tenant: dict[str, int]) -> dict[str, list[JobRecord]]:
-        """For each tenant in `per_tenant`, up to that many of its oldest queued jobs; tenants
-        ordered by their oldest queued job (the longest waiting first)."""
-        heads: dict[str, list[JobRecord]] = {}
-        with self.engine.connect() as conn:
-            for tenant, limit in per_tenant.items():
-                if limit <= 0:
-                    continue
-                rows = conn.execute(jobs.select().where(jobs.c.tenant == tenant, jobs.c.status == JobStatus.queued.value)
-                                    .order_by(jobs.c.id.asc()).limit(limit)).all()
-                if rows:
-                    heads[tenant] = [JobRecord.from_row(r) for r in rows]
-        return dict(sorted(heads.items(), key=lambda item: item[1][0].id))
-
     def queued_tenants(self) -> list[str]:
         """Tenants with queued jobs."""
         query = sa.select(jobs.c.tenant).where(jobs.c.status == JobStatus.queued.value).distinct()

@@ -24,6 +24,9 @@ from eft.training.trackers import trackers_for
 class ProgressSink:
     def __init__(self, reporter: Reporter, spec: RunSpec, config: dict[str, Any]):
         self.reporter = reporter
+        # Checkpoints the controller asked for before a resize, and when it last asked.
+        self.checkpoints_asked = 0
+        self.resize_asked_at: float | None = None
         # The furthest step trained so far, by this attempt or an earlier one: a resume from
         # an older checkpoint trains the steps in between again (lost steps).
         self.furthest, self.trained_tokens = reporter.position()
@@ -55,14 +58,14 @@ class ProgressSink:
     def request_checkpoint(self) -> int:
         """The controller asks for a checkpoint at the workers' next check (before a resize):
         returns the request's number."""
-        self.checkpoints_asked = getattr(self, "checkpoints_asked", 0) + 1
+        self.checkpoints_asked += 1
         self.resize_asked_at = time.monotonic()
         return self.checkpoints_asked
 
     def control(self) -> tuple[bool, int]:
         """What rank 0 reads at its checks, without waiting: (asked to pause, checkpoint
         requests so far)."""
-        return bool(self.reporter.pause_requested()), getattr(self, "checkpoints_asked", 0)
+        return bool(self.reporter.pause_requested()), self.checkpoints_asked
 
     def close(self) -> None:
         """Flush and close the trackers (the driver calls this before publishing)."""
@@ -80,11 +83,10 @@ class ProgressSink:
         self.telemetry.counts(lost_steps=lost)
         data = {"step": step, "world_size": world_size, "lost_steps": lost,
                 "checkpoint_reason": checkpoint_reason, "load_seconds": round(load_seconds, 4)}
-        asked_at = getattr(self, "resize_asked_at", None)
-        if checkpoint_reason == "resize" and asked_at is not None:
+        if checkpoint_reason == "resize" and self.resize_asked_at is not None:
             # What the resize cost: from the controller's decision (the checkpoint asked for)
             # to the resized group holding that checkpoint, ready to train.
-            data["resize_pause_s"] = round(time.monotonic() - asked_at, 3)
+            data["resize_pause_s"] = round(time.monotonic() - self.resize_asked_at, 3)
             self.resize_asked_at = None
         self.reporter.event(
             "resumed",
