@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from eft.service.policy import Demand, Tenant, fair_order, priority_value
+from eft.service import capacity
+from eft.service.capacity import Node, Picture, Shape
+from eft.service.policy import Decision, Demand, Tenant, fair_order, plan, priority_value
 from eft.service.progress import progress_fields
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store, utcnow
@@ -52,7 +54,85 @@ def queue(store: Store, settings: Settings) -> Queue:
     return Queue([d.id for d in order], {job_id: tenant for job_id, tenant, _ in lines}, running)
 
 
-def position(store: Store, settings: Settings, job: JobRecord, now: datetime | None = None) -> QueuePosition | None:
+@dataclass
+class ClusterPlan:
+    """The policy's decision for every queued, running and scheduler-paused job, on the pools
+    Ray's nodes make up now."""
+
+    picture: Picture
+    shapes: dict[str, Shape]
+    jobs: dict[str, JobRecord]
+    decisions: dict[str, Decision]
+    held: dict[str, int]  # slots the service's active jobs hold, per pool
+
+
+def scheduler_paused(job: JobRecord) -> bool:
+    return job.status is JobStatus.paused and bool((job.schedule or {}).get("paused"))
+
+
+def cluster_plan(store: Store, settings: Settings, nodes: list[Node] | None) -> ClusterPlan | None:
+    """What the elastic policy (`eft.service.policy.plan`) decides now; None when capacity is
+    unknown (`nodes` None) or `EFT_SCHEDULING=count`."""
+    if nodes is None or settings.scheduling != "elastic":
+        return None
+    limit = 10_000
+    queued = store.list_jobs(statuses=[JobStatus.queued], oldest_first=True, limit=limit)[0]
+    active = store.list_jobs(statuses=ACTIVE, oldest_first=True, limit=limit)[0]
+    paused = [j for j in store.list_jobs(statuses=[JobStatus.paused], oldest_first=True, limit=limit)[0]
+              if scheduler_paused(j)]
+    shapes = {j.id: capacity.shape_of(j.config) for j in (*queued, *active, *paused)}
+    # A running job holds what it last reported (its minimum until its workers are up).
+    holding = {j.id: max(shapes[j.id].min_workers, j.num_workers or 0) for j in active}
+    first = capacity.pools(nodes, settings)
+    held = capacity.place_held(first, [(shapes[j.id], holding[j.id]) for j in active])
+    picture = capacity.pools(nodes, settings, held)
+    # Jobs on their way out (pausing, cancelling) keep their slots until they are gone: the
+    # policy plans the rest of the cluster.
+    leaving = capacity.place_held(picture, [(shapes[j.id], holding[j.id]) for j in active
+                                            if j.status is not JobStatus.running])
+    pools = [capacity.Pool(p.name, max(0, p.slots - leaving.get(p.name, 0)), p.spot, p.max_slots)
+             for p in picture.pools.values()]
+    planned = {p.name: p for p in pools}
+    demands = []
+    for order, job in enumerate(sorted((*queued, *active, *paused), key=lambda j: j.id)):
+        if job.status in ACTIVE and job.status is not JobStatus.running:
+            continue
+        shape = shapes[job.id]
+        if shape.min_workers > picture.ceiling(picture.pools_for(shape)):
+            continue  # can never be placed here: stays queued, its reason says why
+        demands.append(capacity.demand(
+            job.id, job.tenant, shape, picture, arrival=order, priority=_priority((job.request or {}).get("priority")),
+            workers=holding.get(job.id, 0)))
+    # Admission counts what the autoscaler can add: a group below its maximum grows for the
+    # workers that wait on it.
+    ceilings = [capacity.Pool(p.name, p.ceiling, p.spot) for p in planned.values()]
+    decisions = plan(ceilings, demands, tenants(settings), policy="elastic")
+    jobs = {j.id: j for j in (*queued, *active, *paused)}
+    return ClusterPlan(picture, shapes, jobs, decisions, held)
+
+
+def waiting_reason(cluster: ClusterPlan, job_id: str) -> tuple[str, int, int]:
+    """Why the policy keeps a queued job waiting: (reason, slots it needs, slots free for it)."""
+    shape = cluster.shapes[job_id]
+    names = sorted(cluster.picture.pools_for(shape))
+    ceiling = cluster.picture.ceiling(names)
+    free = sum(max(0, cluster.picture.pools[p].ceiling - cluster.held.get(p, 0)) for p in names)
+    if not names:
+        return (f"no node of this cluster can hold one of its workers ({shape.describe()}); it starts once "
+                "nodes with those resources join (add them, or a group to EFT_NODE_GROUPS)", shape.min_workers, 0)
+    where = ", ".join(names)
+    if shape.min_workers > ceiling:
+        return (f"its minimum, {shape.describe()}, is more than the cluster can ever hold: {ceiling} slot(s) "
+                f"in {where}, the autoscaler's maximum included; it starts once the cluster grows",
+                shape.min_workers, free)
+    decision = cluster.decisions.get(job_id)
+    why = f" ({decision.reason})" if decision is not None else ""
+    return (f"its minimum, {shape.describe()}, does not fit now: {free} of {ceiling} slot(s) in {where} are "
+            f"free{why}", shape.min_workers, free)
+
+
+def position(store: Store, settings: Settings, job: JobRecord, now: datetime | None = None,
+             nodes: list[Node] | None = None) -> QueuePosition | None:
     """A queued job's place in line, why it waits, and when a slot should free up for it."""
     if job.status is not JobStatus.queued:
         return None
@@ -74,6 +154,14 @@ def position(store: Store, settings: Settings, job: JobRecord, now: datetime | N
         reason = (f"{running} jobs run, the cluster's limit (EFT_MAX_RUNNING_JOBS={settings.max_running_jobs}); "
                   f"{place} queued jobs go before it")
     estimated = None
+    cluster = None
+    if not settings.dispatch_paused and line.running[job.tenant] < settings.max_running_jobs_per_tenant:
+        cluster = cluster_plan(store, settings, nodes if nodes is not None else capacity.snapshot(settings))
+    decision = cluster.decisions.get(job.id) if cluster is not None else None
+    if cluster is not None and (decision is None or not decision.runs):
+        reason, need, room = waiting_reason(cluster, job.id)
+        return QueuePosition(position=place + 1, reason=reason,
+                             estimated_start=_slots_free_at(store, cluster, job.id, need - room, now))
     if place < free and not settings.dispatch_paused:
         estimated = now
     elif not settings.dispatch_paused:
@@ -84,3 +172,24 @@ def position(store: Store, settings: Settings, job: JobRecord, now: datetime | N
         if place - free < len(finishes):
             estimated = finishes[place - free]
     return QueuePosition(position=place + 1, reason=reason, estimated_start=estimated)
+
+
+def _slots_free_at(store: Store, cluster: ClusterPlan, job_id: str, missing: int, now: datetime) -> datetime | None:
+    """When the running jobs that hold slots this job can use will have freed `missing` of them
+    (their estimated finishes); None when they never free enough, or cannot be estimated."""
+    shape = cluster.shapes[job_id]
+    names = cluster.picture.pools_for(shape)
+    if not names or shape.min_workers > cluster.picture.ceiling(names):
+        return None
+    if missing <= 0:
+        return now
+    running = [j for j in cluster.jobs.values() if j.status in ACTIVE and cluster.picture.pools_for(cluster.shapes[j.id]) & names]
+    latest = store.latest_metric_values(j.id for j in running)
+    finishes = sorted((f, max(cluster.shapes[j.id].min_workers, j.num_workers or 0)) for j in running
+                      if (f := progress_fields(j, latest.get(j.id), now)["estimated_finish"]) is not None)
+    freed = 0
+    for finish, workers in finishes:
+        freed += workers
+        if freed >= missing:
+            return finish
+    return None

@@ -66,6 +66,13 @@ class StoreReporter:
         job = self.store.get_job(self.job_id)
         return job.status is JobStatus.pausing and job.attempt == self.attempt
 
+    def worker_limit(self) -> dict[str, Any] | None:
+        job = self.store.get_job(self.job_id)
+        schedule = job.schedule or {}
+        if job.attempt != self.attempt or not schedule.get("workers"):
+            return None
+        return {k: schedule.get(k) for k in ("workers", "reason", "because_of")}
+
     def paused(self, step: int) -> bool:
         try:
             self.store.transition(self.job_id, JobStatus.paused, f"paused at step {step}: the workers "

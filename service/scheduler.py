@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from eft.types.jobs import JobStatus
-from eft.service import metrics, queueing
+from eft.service import capacity, metrics, queueing
 from eft.service.errors import Conflict, RequestInvalid
 from eft.service.launcher import Launcher, RayJobState, stop_quietly, submission_id_for
 from eft.service.lifecycle import IllegalTransition
@@ -31,14 +31,18 @@ from eft.training.config import TrainConfig
 log = logging.getLogger("eft.scheduler")
 
 Validator = Callable[[JobRecord, Settings], tuple[Any, dict[str, Any]]]
+Capacity = Callable[[], "list[capacity.Node] | None"]
 ACTIVE = queueing.ACTIVE
 MAX_DISPATCH_FAILURES = 3
 MAX_VALIDATION_FAILURES = 3
 
 
 class Scheduler:
-    def __init__(self, store: Store, launcher: Launcher, settings: Settings, validate: Validator):
+    def __init__(self, store: Store, launcher: Launcher, settings: Settings, validate: Validator,
+                 nodes: Capacity | None = None):
         self.store, self.launcher, self.settings, self.validate = store, launcher, settings, validate
+        #: The cluster's nodes now (Ray's, by default); None from it: capacity unknown this pass.
+        self.nodes = nodes or (lambda: capacity.snapshot(self.settings))
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._validation_failures: Counter[str] = Counter()
@@ -127,25 +131,84 @@ class Scheduler:
         """Start queued jobs while the cluster and their tenants are under their limits, in the
         fair order (`eft.service.queueing`): the next free slot goes to the tenant furthest
         below its weighted share, within a tenant to its highest-priority, then oldest, job; a
-        tenant with a long backlog never hides another tenant's job from a free slot."""
+        tenant with a long backlog never hides another tenant's job from a free slot.
+
+        With the cluster's capacity known (`EFT_SCHEDULING=elastic`, the default), the elastic
+        policy decides as well: a queued job starts only when its minimum workers can be placed
+        (now, or once the autoscaler has grown a group), running elastic jobs are sized across
+        the cluster (their drivers keep to the size: a resize checkpoints first, so no step is
+        lost), a lower-priority job is paused when a minimum cannot fit otherwise and resumed
+        when room frees."""
         if self.settings.dispatch_paused:
             return  # validated jobs wait in the queue until dispatching resumes
+        cluster = queueing.cluster_plan(self.store, self.settings, self.nodes())
+        if cluster is not None:
+            self._apply_to_running(cluster)
         line = queueing.queue(self.store, self.settings)
         running = line.running
-        capacity = self.settings.max_running_jobs - sum(running.values())
+        capacity_left = self.settings.max_running_jobs - sum(running.values())
         per_tenant = self.settings.max_running_jobs_per_tenant
         chosen: list[str] = []
         for job_id in line.order:
-            if len(chosen) >= capacity:
+            if len(chosen) >= capacity_left:
                 break
             tenant = line.tenant_of[job_id]
             if running[tenant] >= per_tenant:
                 continue
+            if cluster is not None and not (job_id in cluster.decisions and cluster.decisions[job_id].runs):
+                continue  # its minimum does not fit: it waits, and others may start before it
             chosen.append(job_id)
             running[tenant] += 1
         for job in self.store.get_jobs(chosen):
             if job.status is JobStatus.queued:
+                if cluster is not None:
+                    self._record_decision(job, cluster.decisions[job.id], announce=False)
                 self._dispatch_one(job)
+
+    def _apply_to_running(self, cluster: queueing.ClusterPlan) -> None:
+        """Carry the policy's sizes to running jobs (a new target is the job's `schedule`, which
+        its driver reads), pause the ones it pauses and queue again the scheduler-paused ones it
+        gives room to."""
+        starting = {i for i, d in cluster.decisions.items() if d.runs and cluster.jobs[i].status is not JobStatus.running}
+        for job_id, decision in cluster.decisions.items():
+            job = cluster.jobs[job_id]
+            if queueing.scheduler_paused(job):
+                if decision.runs:
+                    self._safe_transition(job, JobStatus.queued, f"room freed: resumed by the scheduler at step "
+                                          f"{job.step}", event_type="resume_requested",
+                                          data={"step": job.step, "by": "scheduler"})
+                continue
+            if job.status is not JobStatus.running:
+                continue
+            if not decision.runs:
+                # Paused only for a job that starts in this very plan: never on a guess.
+                if decision.because_of in starting:
+                    self._pause_for(job, decision)
+                continue
+            shape = cluster.shapes[job_id]
+            if shape.min_workers < shape.max_workers:
+                self._record_decision(job, decision, announce=True)
+
+    def _record_decision(self, job: JobRecord, decision: Any, announce: bool) -> None:
+        schedule = {"workers": decision.workers, "reason": decision.reason, "because_of": decision.because_of,
+                    "placement": dict(decision.placement)}
+        previous = job.schedule or {}
+        if previous.get("workers") == decision.workers:
+            return
+        if not self.store.set_schedule(job.id, schedule, statuses=(JobStatus.queued, JobStatus.running)):
+            return
+        if announce and decision.workers != (job.num_workers or previous.get("workers")):
+            because = f" (room for {decision.because_of})" if decision.because_of else ""
+            self.store.append_event(job.id, "scheduled", f"the scheduler sizes it to {decision.workers} worker(s): "
+                                    f"{decision.reason}{because}", data=schedule, attempt=job.attempt)
+
+    def _pause_for(self, job: JobRecord, decision: Any) -> None:
+        schedule = {"workers": 0, "paused": True, "reason": decision.reason, "because_of": decision.because_of}
+        moved = self._safe_transition(job, JobStatus.pausing, f"paused by the scheduler to make room for "
+                                      f"{decision.because_of}: {decision.reason}; it resumes when room frees",
+                                      data={"by": "scheduler", "because_of": decision.because_of})
+        if moved is not None:
+            self.store.set_schedule(job.id, schedule)
 
     def _dispatch_one(self, job: JobRecord) -> bool:
         """Claim the job's next attempt and submit it. The claim records the attempt's

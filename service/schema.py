@@ -49,6 +49,10 @@ jobs = sa.Table(
     sa.Column("demand_gpus", sa.Float, nullable=False, server_default="0"),
     #: The planner's choice, made once when the job is accepted (validation.Choice as a dict).
     sa.Column("plan", sa.JSON),
+    #: The cluster scheduler's latest decision for the job (eft.service.policy.Decision as a dict:
+    #: workers, reason, because_of, placement); a running elastic job's driver keeps its size to
+    #: `workers`, and `paused` marks a pause the scheduler made (it resumes it when room frees).
+    sa.Column("schedule", sa.JSON),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("started_at", sa.DateTime(timezone=True)),

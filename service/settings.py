@@ -29,6 +29,19 @@ class TenantShare(BaseModel):
     guaranteed: int = Field(0, ge=0)
 
 
+class NodeGroup(BaseModel):
+    """A node group the autoscaler can grow (KubeRay worker group, cluster launcher node type):
+    the custom resources its nodes carry, the worker slots one node holds and the most nodes it
+    may have. A job whose minimum fits only once the group has grown is still dispatched: Ray's
+    autoscaler adds the nodes its workers wait for."""
+
+    resources: dict[str, float] = Field(default_factory=dict)
+    gpus_per_node: int = Field(0, ge=0)
+    slots_per_node: int = Field(1, ge=1, description="Workers one node holds (its GPUs, or CPUs / cpus_per_worker).")
+    max_nodes: int = Field(0, ge=0)
+    spot: bool = False
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EFT_", extra="ignore")
 
@@ -110,6 +123,18 @@ class Settings(BaseSettings):
     tenant_shares: dict[str, TenantShare] = Field(
         default_factory=dict, description="Each tenant's weight in the cluster's fair share and the running "
         'jobs it is guaranteed, as JSON: {"team-a": {"weight": 2, "guaranteed": 1}}; others weigh 1.')
+    scheduling: str = Field(
+        "elastic", pattern="^(elastic|count)$", description="How queued jobs are admitted: `elastic` "
+        "reads the cluster's capacity (Ray's nodes and `EFT_NODE_GROUPS`), starts a job only when its "
+        "minimum workers can be placed, and sizes elastic jobs across the cluster (eft.service.policy); "
+        "`count` dispatches by the job limits alone.")
+    node_groups: dict[str, NodeGroup] = Field(
+        default_factory=dict, description="The autoscaler's node groups and their maximum size, as JSON: "
+        '{"gpu-spot": {"resources": {"spot": 1}, "gpus_per_node": 8, "slots_per_node": 8, "max_nodes": 4, '
+        '"spot": true}}. Groups with no node up yet count at their maximum for admission.')
+    spot_resources: list[str] = Field(
+        default_factory=lambda: ["spot"], description="Custom resources that mark a node as spot "
+        "(its slots are used for growth, the minimums go on on-demand nodes first).")
     scheduler_interval_s: float = Field(
         1.0, gt=0, description="Seconds between scheduler passes (a created job starts one at once)."
     )

@@ -89,6 +89,7 @@ class JobRecord:
     resizes: int
     lost_steps: int
     plan: dict[str, Any] | None
+    schedule: dict[str, Any] | None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
@@ -341,6 +342,17 @@ class Store:
             where.append(jobs.c.attempt == attempt)
         with writing(self.engine) as conn:
             result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
+        return result.rowcount == 1
+
+    def set_schedule(self, job_id: str, schedule: dict[str, Any] | None,
+                     statuses: Iterable[JobStatus] | None = None) -> bool:
+        """Record the cluster scheduler's decision on a job (no `updated_at` change: it is not the
+        job's progress); with `statuses`, only while the job is in one of them."""
+        where = [jobs.c.id == job_id]
+        if statuses is not None:
+            where.append(jobs.c.status.in_([JobStatus(s).value for s in statuses]))
+        with writing(self.engine) as conn:
+            result = conn.execute(jobs.update().where(*where).values(schedule=schedule))
         return result.rowcount == 1
 
     @once

@@ -3,7 +3,8 @@
 Ray Train's public API has no hook for the job's own failure policy, for leaving out helper
 processes, or for reading a delivered preemption notice without a round trip, so the driver and
 the loop reach into `ray.train.v2._internal`; the local stack asks `ray._private` where the
-recorded cluster is, and for the headers that carry the cluster's token. Those modules change between Ray releases: pyproject.toml pins Ray to
+recorded cluster is, and for the headers that carry the cluster's token; the scheduler reads each
+node's free resources as Ray's dashboard and autoscaler do (`available_resources_per_node`). Those modules change between Ray releases: pyproject.toml pins Ray to
 `TESTED_RAY_VERSION` and tests/unit/test_ray_internals.py checks both that pin and that nothing
 outside this module imports a private Ray module.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ray
 from ray._private import ray_constants
 from ray._private.services import get_ray_address_from_environment
+from ray._private.state import available_resources_per_node
 from ray.train.v2._internal.callbacks import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 from ray.train.v2._internal.callbacks.preemption_callback import PreemptionCallback
@@ -36,7 +38,7 @@ from ray.train.v2._internal.execution.preemption import PreemptionContext, Preem
 TESTED_RAY_VERSION = "2.60"
 
 __all__ = [
-    "TESTED_RAY_VERSION", "ControllerCallback", "DatasetsCallback", "DEFAULT_ENABLE_PREEMPTION_WATCHER",
+    "TESTED_RAY_VERSION", "available_resources_per_node", "ControllerCallback", "DatasetsCallback", "DEFAULT_ENABLE_PREEMPTION_WATCHER",
     "DefaultFailurePolicy", "ENABLE_PREEMPTION_WATCHER_ENV_VAR", "ElasticScalingPolicy", "FailureDecision",
     "NoopDecision", "ResizeDecision",
     "PlacementGroupCleanerCallback", "PreemptingState", "PreemptionCallback", "PreemptionContext",

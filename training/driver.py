@@ -105,14 +105,23 @@ class _Reporting:
 #: callback) counts them and `LosslessResize` (the scaling policy) waits for one, both in the
 #: controller's process.
 RESIZE_CHECKPOINTS: dict[str, int] = {}
+#: The cluster scheduler's latest size for each job, as `LosslessResize` last read it (the
+#: `resized` event names its reason and the job that needed the room).
+LIMITS: dict[str, dict[str, Any]] = {}
 
 
 class LosslessResize(ElasticScalingPolicy):
     """Ray Train's elastic policy, except that a resize of a running worker group first asks
     the workers for a checkpoint (through the progress sink; they take it at their next check,
     about a second of training) and resizes once the controller has registered it: the new
-    group resumes where the old one stopped, so growing loses no step. Without the checkpoint
-    within `wait_s` (a worker stuck), it resizes from the latest one, as Ray Train would."""
+    group resumes where the old one stopped, so no resize loses a step. Without the checkpoint
+    within `wait_s` (a worker stuck), it resizes from the latest one, as Ray Train would.
+
+    It also keeps to the cluster scheduler's size for the job (`eft.service.scheduler`): never
+    more workers than the scheduler gives it, and a shrink to that size when the scheduler takes
+    room back for another job (never below the job's minimum)."""
+
+    LIMIT_READ_S = 2.0
 
     def __init__(self, scaling_config: ScalingConfig, sink: Any, job_id: str, wait_s: float = 60.0):
         super().__init__(scaling_config)
@@ -121,12 +130,44 @@ class LosslessResize(ElasticScalingPolicy):
         self._asked_at = 0.0
         self._registered = 0
         self._group_started: float | None = None
+        self._limit: int | None = None
+        self._limit_read = float("-inf")
+
+    def _current_limit(self) -> int | None:
+        """The scheduler's size, read from the sink at most every `LIMIT_READ_S`."""
+        if self.sink is not None and time.monotonic() - self._limit_read >= self.LIMIT_READ_S:
+            self._limit_read = time.monotonic()
+            try:
+                limit = ray.get(self.sink.worker_limit.remote(), timeout=5)
+            except Exception:  # noqa: BLE001 - keep the last size read
+                log.warning("could not read %s's size from the scheduler", self.job_id, exc_info=True)
+            else:
+                self._limit = None if not limit else max(self.scaling_config.min_workers, int(limit["workers"]))
+                if limit:
+                    LIMITS[self.job_id] = limit
+        return self._limit
+
+    def _capped(self, decision: Any, current: int | None = None) -> Any:
+        limit = self._current_limit()
+        if not isinstance(decision, ResizeDecision) or limit is None or decision.num_workers <= limit:
+            return decision
+        if current is not None and limit == current:
+            return NoopDecision()
+        return self._get_resize_decision(limit)
+
+    def make_decision_for_non_running_worker_group(self):  # noqa: ANN201
+        return self._capped(super().make_decision_for_non_running_worker_group())
 
     def make_decision_for_running_worker_group(self, worker_group_state, worker_group_status):  # noqa: ANN001, ANN201
         if self._pending is not None and worker_group_state.start_time != self._group_started:
             self._pending = None  # the group restarted meanwhile: that decision is stale
         if self._pending is None:
-            decision = super().make_decision_for_running_worker_group(worker_group_state, worker_group_status)
+            limit = self._current_limit()
+            if limit is not None and worker_group_state.num_workers > limit:
+                decision = self._get_resize_decision(limit)  # the scheduler took room back
+            else:
+                decision = self._capped(super().make_decision_for_running_worker_group(
+                    worker_group_state, worker_group_status), worker_group_state.num_workers)
             if not isinstance(decision, ResizeDecision):
                 return decision
             self._pending, self._asked_at = decision, time.monotonic()
@@ -237,8 +278,13 @@ class RecordRecovery(_Reporting, ControllerCallback):
             target = current_state.scaling_decision.num_workers
             self.reporter.counts(resizes=1)
             self.telemetry.counts(resizes=1)
-            self._event("resized", f"resizing from {self.num_workers} to {target} workers",
-                        {"from_workers": self.num_workers, "to_workers": target, "reason": "grow"})
+            data = {"from_workers": self.num_workers, "to_workers": target,
+                    "reason": "shrink" if self.num_workers is not None and target < self.num_workers else "grow"}
+            limit = LIMITS.get(self.config.get("job_id", ""))
+            if limit and limit.get("workers") == target:  # the scheduler's decision: say why
+                data.update(scheduler_reason=limit.get("reason"), because_of=limit.get("because_of"))
+            because = f" to make room for {data['because_of']}" if data.get("because_of") else ""
+            self._event("resized", f"resizing from {self.num_workers} to {target} workers{because}", data)
         elif isinstance(current_state, SchedulingState):
             target = current_state.scaling_decision.num_workers
             if (isinstance(previous_state, (RestartingState, ReschedulingState))

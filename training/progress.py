@@ -62,6 +62,10 @@ class ProgressSink:
         self.resize_asked_at = time.monotonic()
         return self.checkpoints_asked
 
+    def worker_limit(self) -> dict[str, Any] | None:
+        """The scheduler's size for the job (the controller's scaling policy keeps to it)."""
+        return self.reporter.worker_limit()
+
     def control(self) -> tuple[bool, int]:
         """What rank 0 reads at its checks, without waiting: (asked to pause, checkpoint
         requests so far)."""

@@ -71,6 +71,10 @@ class Reporter(Protocol):
     def pause_requested(self) -> bool:
         """Whether the job was asked to pause (checkpoint now and stop)."""
 
+    def worker_limit(self) -> dict[str, Any] | None:
+        """The cluster scheduler's size for this job (`workers`, `reason`, `because_of`), which
+        an elastic job keeps to; None: as many as the cluster gives, within its range."""
+
     def paused(self, step: int) -> bool:
         """The workers checkpointed at `step` and stopped on a pause request. False: the job
         moved on meanwhile."""

@@ -1,0 +1,60 @@
+"""Ray's nodes as the scheduling policy's pools of worker slots (pure: nodes made up here).
+
+Run: .venv/bin/python -m pytest tests/unit/test_capacity.py -q
+"""
+
+from eft.service.capacity import Node, Shape, place_held, pools, shape_of
+from eft.service.settings import NodeGroup, Settings
+
+SETTINGS = Settings(allowed_worker_resources=["spot", "ondemand"], spot_resources=["spot"])
+
+
+def _node(i: int, total: dict, available: dict | None = None) -> Node:
+    return Node(id=f"n{i}", total=total, available=total if available is None else available)
+
+
+def test_nodes_group_by_gpu_type_and_custom_resources_and_spot_is_marked():
+    nodes = [
+        _node(0, {"CPU": 16, "GPU": 8, "accelerator_type:H100": 1, "spot": 8}),
+        _node(1, {"CPU": 16, "GPU": 8, "accelerator_type:H100": 1, "spot": 8}, {"CPU": 4, "GPU": 2, "spot": 2}),
+        _node(2, {"CPU": 16, "GPU": 4, "accelerator_type:A100": 1, "ondemand": 4}),
+        _node(3, {"CPU": 8, "memory": 1e10, "node:10.0.0.3": 1}),  # a CPU node; per-node resources ignored
+    ]
+    picture = pools(nodes, SETTINGS)
+    assert {n: (p.slots, p.spot) for n, p in picture.pools.items()} == {
+        "H100+spot": (10, True), "A100+ondemand": (4, False), "cpu": (8, False)}
+    # Slots held by the service's own jobs count (the policy plans them), never past the nodes'.
+    held = pools(nodes, SETTINGS, {"H100+spot": 4})
+    assert held.pools["H100+spot"].slots == 14
+    assert pools(nodes, SETTINGS, {"H100+spot": 40}).pools["H100+spot"].slots == 16
+
+
+def test_a_job_may_use_the_pools_whose_nodes_have_what_its_workers_ask_for():
+    picture = pools([_node(0, {"CPU": 8, "GPU": 8, "spot": 8}), _node(1, {"CPU": 8, "GPU": 8}),
+                     _node(2, {"CPU": 4, "spot": 1})], SETTINGS)
+    assert picture.pools_for(Shape(1, 2, gpu=True, resources={"spot": 1})) == {"gpu+spot"}
+    assert picture.pools_for(Shape(1, 2, gpu=True)) == {"gpu+spot", "gpu"}
+    assert picture.pools_for(Shape(1, 1)) == {"cpu+spot"}
+    assert picture.pools["cpu+spot"].slots == 1  # one spot unit: one worker
+    assert picture.pools_for(Shape(1, 1, resources={"ondemand": 1})) == frozenset()
+
+
+def test_the_autoscalers_groups_add_their_maximum_and_pools_with_no_node_yet():
+    settings = SETTINGS.model_copy(update={"node_groups": {
+        "h100-spot": NodeGroup(resources={"spot": 1}, gpus_per_node=8, slots_per_node=8, max_nodes=4, spot=True),
+        "a100": NodeGroup(resources={"ondemand": 1}, gpus_per_node=4, slots_per_node=4, max_nodes=2),
+    }})
+    picture = pools([_node(0, {"CPU": 16, "GPU": 8, "spot": 8})], settings)
+    assert picture.pools["gpu+spot"].slots == 8 and picture.pools["gpu+spot"].ceiling == 32
+    assert picture.pools["a100"].slots == 0 and picture.pools["a100"].ceiling == 8
+    assert picture.pools_for(Shape(2, 2, gpu=True, resources={"ondemand": 1})) == {"a100"}
+
+
+def test_running_workers_are_placed_on_demand_first_and_shapes_come_from_the_config():
+    picture = pools([_node(0, {"CPU": 2, "spot": 2}), _node(1, {"CPU": 3})], SETTINGS)
+    held = place_held(picture, [(Shape(1, 4), 4), (Shape(1, 1, resources={"spot": 1}), 1)])
+    assert held == {"cpu": 3, "cpu+spot": 2}
+    shape = shape_of({"min_workers": 2, "max_workers": 4, "use_gpu": True, "resources_per_worker": {"spot": 1}})
+    assert shape == Shape(2, 4, gpu=True, cpus=1.0, resources={"spot": 1.0})
+    assert shape.describe() == "2-4 worker(s) of GPU: 1, spot: 1"
+    assert shape_of(None) == Shape(1, 1)
