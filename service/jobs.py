@@ -15,6 +15,7 @@ from eft.types.jobs import (
     Job,
     JobCreate,
     JobError,
+    JobEstimate,
     JobEvent,
     JobEventList,
     JobList,
@@ -29,7 +30,7 @@ from eft.service.files import FileStore
 from eft.service.inference import AdapterSource, BaseSource
 from eft.service.idempotency import Idempotency, request_digest
 from eft.service.model_ids import checkpoint_model_id, fine_tuned_model_id, parse_model_id
-from eft.service import exports, queueing
+from eft.service import estimates, exports, queueing
 from eft.service.launcher import Launcher, RayJobState, stop_quietly
 from eft.service.progress import progress_fields
 from eft.service.quotas import check_quota, demand
@@ -76,8 +77,17 @@ def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
         restarts=job.restarts, preemptions=job.preemptions, resizes=job.resizes,
         lost_steps=job.lost_steps,
         resolved=resolved_config(job.config),
+        estimate=_estimate(job.estimate),
+        usage=estimates.usage(job.worker_seconds, job.spot_worker_seconds, job.estimate),
+        schedule=job.schedule,
         **progress_fields(job, latest),
     )
+
+
+def _estimate(stored: dict[str, Any] | None) -> JobEstimate | None:
+    if not stored:
+        return None
+    return JobEstimate.model_validate({k: v for k, v in stored.items() if k in JobEstimate.model_fields})
 
 
 #: Reads and writes a cancel makes before it gives up on a job that keeps changing status.

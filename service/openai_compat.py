@@ -94,7 +94,16 @@ def to_openai_job(job: Job, tenant: str) -> FineTuningJob:
         error=error, seed=hp.seed, metadata=job.metadata or None, user_provided_suffix=job.name,
         result_files=[result_file_id(job.id)] if job.status is JobStatus.succeeded else [],
         estimated_finish=_seconds(job.estimated_finish), integrations=list(job.integrations),
+        usage=_usage(job),
     )
+
+
+def _usage(job: Job) -> dict[str, Any]:
+    usage: dict[str, Any] = job.usage.model_dump()
+    if job.estimate is not None:
+        usage.update(estimated_gpu_hours=job.estimate.gpu_hours, estimated_worker_hours=job.estimate.worker_hours,
+                     estimated_cost=job.estimate.cost, estimated_duration_s=job.estimate.duration_s)
+    return usage
 
 
 def to_openai_event(event: JobEvent) -> FineTuningJobEvent:

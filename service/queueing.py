@@ -64,6 +64,22 @@ class ClusterPlan:
     jobs: dict[str, JobRecord]
     decisions: dict[str, Decision]
     held: dict[str, int]  # slots the service's active jobs hold, per pool
+    #: Slots a job may start on now, per pool: free in Ray and claimed by no active job (one
+    #: shrinking for it still holds its slots), plus what the autoscaler may still add.
+    free: dict[str, int]
+
+    def take(self, job_id: str) -> bool:
+        """Whether the job's minimum can be placed now; if so, its slots are taken from `free`."""
+        shape = self.shapes[job_id]
+        names = sorted(self.picture.pools_for(shape), key=lambda p: (self.picture.pools[p].spot, p))
+        if sum(self.free.get(p, 0) for p in names) < shape.min_workers:
+            return False
+        left = shape.min_workers
+        for name in names:
+            take = min(left, self.free.get(name, 0))
+            self.free[name] -= take
+            left -= take
+        return True
 
 
 def scheduler_paused(job: JobRecord) -> bool:
@@ -108,7 +124,12 @@ def cluster_plan(store: Store, settings: Settings, nodes: list[Node] | None) -> 
     ceilings = [capacity.Pool(p.name, p.ceiling, p.spot) for p in planned.values()]
     decisions = plan(ceilings, demands, tenants(settings), policy="elastic")
     jobs = {j.id: j for j in (*queued, *active, *paused)}
-    return ClusterPlan(picture, shapes, jobs, decisions, held)
+    # What active jobs claim: a growing job the size it was given, a starting one its minimum.
+    claims = capacity.place_held(picture, [
+        (shapes[j.id], max(holding[j.id], int((j.schedule or {}).get("workers") or 0))) for j in active])
+    free = {name: max(0, min(picture.free_now.get(name, 0), picture.total.get(name, 0) - claims.get(name, 0)))
+            + max(0, (pool.max_slots or 0) - picture.total.get(name, 0)) for name, pool in picture.pools.items()}
+    return ClusterPlan(picture, shapes, jobs, decisions, held, free)
 
 
 def waiting_reason(cluster: ClusterPlan, job_id: str) -> tuple[str, int, int]:
@@ -162,6 +183,11 @@ def position(store: Store, settings: Settings, job: JobRecord, now: datetime | N
         reason, need, room = waiting_reason(cluster, job.id)
         return QueuePosition(position=place + 1, reason=reason,
                              estimated_start=_slots_free_at(store, cluster, job.id, need - room, now))
+    if cluster is not None and place < free and not cluster.take(job.id):
+        making = sorted(j for j, d in cluster.decisions.items() if d.because_of == job.id)
+        return QueuePosition(position=place + 1, reason="room is being made for it: "
+                             + (", ".join(making) + " shrink(s) or pause(s) through a checkpoint first"
+                                if making else "the slots it was given are still being released"))
     if place < free and not settings.dispatch_paused:
         estimated = now
     elif not settings.dispatch_paused:

@@ -23,6 +23,7 @@ class StoreReporter:
         reporter is pickled into opens its own."""
         self.database_url, self.job_id, self.attempt = database_url, job_id, attempt
         self._store = store
+        self._spot: bool | None = None  # whether its workers are on spot nodes (its estimate says)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_store": None}
@@ -65,6 +66,16 @@ class StoreReporter:
     def pause_requested(self) -> bool:
         job = self.store.get_job(self.job_id)
         return job.status is JobStatus.pausing and job.attempt == self.attempt
+
+    def usage(self, worker_seconds: float) -> None:
+        from eft.service.schema import jobs
+
+        if self._spot is None:
+            self._spot = bool((self.store.get_job(self.job_id).estimate or {}).get("spot"))
+        values: dict[str, Any] = {"worker_seconds": jobs.c.worker_seconds + worker_seconds}
+        if self._spot:
+            values["spot_worker_seconds"] = jobs.c.spot_worker_seconds + worker_seconds
+        self.store.update_job(self.job_id, attempt=self.attempt, **values)
 
     def worker_limit(self) -> dict[str, Any] | None:
         job = self.store.get_job(self.job_id)

@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from eft.types.jobs import JobStatus
-from eft.service import capacity, metrics, queueing
+from eft.service import capacity, estimates, metrics, queueing
 from eft.service.errors import Conflict, RequestInvalid
 from eft.service.launcher import Launcher, RayJobState, stop_quietly, submission_id_for
 from eft.service.lifecycle import IllegalTransition
@@ -118,10 +118,15 @@ class Scheduler:
         self._validation_failures.pop(job.id, None)
         dropped = stats.get("dropped_examples", 0)
         note = f" ({dropped} left out: no trained token within max_seq_len)" if dropped else ""
+        try:
+            estimate = estimates.estimate(self.store, config, stats, self.settings)
+        except Exception:  # noqa: BLE001 - an estimate is a courtesy: the job goes on without one
+            log.exception("estimating job %s failed", job.id)
+            estimate = None
         self._safe_transition(
             job, JobStatus.queued, f"validated: {stats['train_examples']} training examples{note}, "
             f"{config.total_steps} steps", data=stats, config=config.to_dict(),
-            total_steps=config.total_steps,
+            total_steps=config.total_steps, estimate=estimate,
         )
         return "queued"
 
@@ -157,6 +162,8 @@ class Scheduler:
                 continue
             if cluster is not None and not (job_id in cluster.decisions and cluster.decisions[job_id].runs):
                 continue  # its minimum does not fit: it waits, and others may start before it
+            if cluster is not None and not cluster.take(job_id):
+                continue  # room is being made for it (a job shrinks or pauses): it starts once it is free
             chosen.append(job_id)
             running[tenant] += 1
         for job in self.store.get_jobs(chosen):

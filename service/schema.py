@@ -53,6 +53,12 @@ jobs = sa.Table(
     #: workers, reason, because_of, placement); a running elastic job's driver keeps its size to
     #: `workers`, and `paused` marks a pause the scheduler made (it resumes it when room frees).
     sa.Column("schedule", sa.JSON),
+    #: Before the run: its duration, worker hours and cost as estimated at validation
+    #: (eft.service.estimates), with the prices it was accepted under.
+    sa.Column("estimate", sa.JSON),
+    #: Worker time used so far (seconds x workers), all of it and the part on spot nodes.
+    sa.Column("worker_seconds", sa.Float, nullable=False, server_default="0"),
+    sa.Column("spot_worker_seconds", sa.Float, nullable=False, server_default="0"),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("started_at", sa.DateTime(timezone=True)),

@@ -29,6 +29,20 @@ class TenantShare(BaseModel):
     guaranteed: int = Field(0, ge=0)
 
 
+class Prices(BaseModel):
+    """What one worker hour costs (a worker is one GPU, or `cpus_per_worker` CPUs)."""
+
+    gpu_hour: float = Field(0.0, ge=0)
+    spot_gpu_hour: float = Field(0.0, ge=0)
+    cpu_hour: float = Field(0.0, ge=0)
+    spot_cpu_hour: float = Field(0.0, ge=0)
+    currency: str = "USD"
+
+    def per_hour(self, spot: bool, gpu: bool) -> float:
+        kind = "gpu" if gpu else "cpu"
+        return getattr(self, f"spot_{kind}_hour" if spot else f"{kind}_hour")
+
+
 class NodeGroup(BaseModel):
     """A node group the autoscaler can grow (KubeRay worker group, cluster launcher node type):
     the custom resources its nodes carry, the worker slots one node holds and the most nodes it
@@ -132,6 +146,10 @@ class Settings(BaseSettings):
         default_factory=dict, description="The autoscaler's node groups and their maximum size, as JSON: "
         '{"gpu-spot": {"resources": {"spot": 1}, "gpus_per_node": 8, "slots_per_node": 8, "max_nodes": 4, '
         '"spot": true}}. Groups with no node up yet count at their maximum for admission.')
+    prices: Prices = Field(
+        default_factory=Prices, description="Prices per worker hour for estimates and usage, as JSON: "
+        '{"gpu_hour": 2.5, "spot_gpu_hour": 0.9, "cpu_hour": 0.05, "spot_cpu_hour": 0.02, "currency": "USD"}; '
+        "0 (the default) reports hours only.")
     spot_resources: list[str] = Field(
         default_factory=lambda: ["spot"], description="Custom resources that mark a node as spot "
         "(its slots are used for growth, the minimums go on on-demand nodes first).")

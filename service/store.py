@@ -90,6 +90,9 @@ class JobRecord:
     lost_steps: int
     plan: dict[str, Any] | None
     schedule: dict[str, Any] | None
+    estimate: dict[str, Any] | None
+    worker_seconds: float
+    spot_worker_seconds: float
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
@@ -99,7 +102,7 @@ class JobRecord:
     def from_row(cls, row: sa.Row) -> JobRecord:
         values = {f.name: getattr(row, f.name) for f in fields(cls)}
         values["status"] = JobStatus(values["status"])
-        for key in ("restarts", "preemptions", "resizes", "lost_steps"):
+        for key in ("restarts", "preemptions", "resizes", "lost_steps", "worker_seconds", "spot_worker_seconds"):
             values[key] = values[key] or 0
         for key in ("created_at", "updated_at", "started_at", "finished_at"):
             values[key] = _aware(values[key])

@@ -122,6 +122,8 @@ class Recipe:
         self.cfg, self.sink = cfg, sink
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        if self.rank == 0 and sink is not None:
+            sink.group_started.remote(self.world_size)  # its worker time counts from here
         self.device = ray.train.torch.get_device()
         # Evaluation: the best validation loss so far and its step, evaluations in a row
         # without a better one, and (publish "best", rank 0) that step's trainable weights.

@@ -33,11 +33,33 @@ class ProgressSink:
         self.telemetry = telemetry.for_run(spec, config)
         self.telemetry.last_step = self.furthest
         self.trackers = trackers_for(spec, config.get("artifact_root"))
+        # Worker time: from a group's start (rank 0 says so before loading the model) to each
+        # report, times its workers.
+        self._held_since: float | None = None
+        self._held_workers = 0
+
+    def group_started(self, world_size: int) -> None:
+        """A worker group of `world_size` started (rank 0, before it loads the model)."""
+        self._accrue()
+        self._held_since, self._held_workers = time.monotonic(), world_size
+
+    def _accrue(self) -> None:
+        if self._held_since is None:
+            return
+        now = time.monotonic()
+        seconds, self._held_since = (now - self._held_since) * self._held_workers, now
+        try:
+            self.reporter.usage(seconds)
+        except Exception:  # noqa: BLE001 - bookkeeping never stops training
+            pass
 
     def record(self, step: int, values: dict[str, Any]) -> int:
         """Store one step's metrics and move the job's step counter. Returns the step."""
         numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
         num_workers = int(numbers["world_size"]) if "world_size" in numbers else None
+        if num_workers and self._held_since is None:
+            self.group_started(num_workers)  # a group that did not say when it started
+        self._accrue()
         if self.reporter.step(step, num_workers):  # a stale attempt's late metrics are dropped
             self.trained_tokens += self.telemetry.step(step, numbers)
             numbers["trained_tokens"] = round(self.trained_tokens)
@@ -73,6 +95,8 @@ class ProgressSink:
 
     def close(self) -> None:
         """Flush and close the trackers (the driver calls this before publishing)."""
+        self._accrue()
+        self._held_since = None
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []

@@ -71,6 +71,9 @@ class Reporter(Protocol):
     def pause_requested(self) -> bool:
         """Whether the job was asked to pause (checkpoint now and stop)."""
 
+    def usage(self, worker_seconds: float) -> None:
+        """The job's worker groups held `worker_seconds` (seconds x workers) more."""
+
     def worker_limit(self) -> dict[str, Any] | None:
         """The cluster scheduler's size for this job (`workers`, `reason`, `because_of`), which
         an elastic job keeps to; None: as many as the cluster gives, within its range."""

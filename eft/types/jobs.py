@@ -378,6 +378,32 @@ class QueuePosition(_Response):
         "null when no estimate can be made yet.")
 
 
+class JobEstimate(_Response):
+    """What the job should take, estimated when it was validated."""
+
+    tokens: int = Field(description="Input tokens it will train: steps x global batch x the mean example length.")
+    tokens_per_s_per_worker: float | None = Field(
+        None, description="The throughput the estimate assumes: the median of finished similar jobs'.")
+    duration_s: float | None = Field(None, description="Training time at its minimum workers; null without a basis.")
+    duration_s_at_max: float | None = Field(None, description="Training time at its maximum workers.")
+    worker_hours: float | None = None
+    gpu_hours: float | None = None
+    cost: float | None = Field(None, description="worker_hours at the deployment's prices (EFT_PRICES).")
+    spot: bool = Field(False, description="Its workers run on spot nodes (priced as spot).")
+    basis: str = Field(description="What the throughput comes from, or why there is no estimate yet.")
+
+
+class JobUsage(_Response):
+    """What the job has used so far: the worker time its groups held, spot and on-demand apart."""
+
+    worker_hours: float = 0.0
+    spot_worker_hours: float = 0.0
+    on_demand_worker_hours: float = 0.0
+    gpu_hours: float = 0.0
+    cost: float | None = Field(None, description="At the prices the job was accepted under; null without prices.")
+    currency: str | None = None
+
+
 class JobError(_Response):
     """Why a job failed. `code` starts with `user_error.` or `platform_error.`."""
 
@@ -446,6 +472,11 @@ class Job(_Response):
     trained_tokens: int | None = Field(
         None, description="Input tokens trained so far (steps trained again after a resume count again)."
     )
+    estimate: JobEstimate | None = Field(None, description="Duration, worker hours and cost, estimated at validation.")
+    usage: JobUsage = Field(default_factory=JobUsage, description="Worker hours and cost used so far.")
+    schedule: dict[str, Any] | None = Field(
+        None, description="The cluster scheduler's latest decision: `workers` (its size; 0 with `paused`: paused "
+        "for another job, resumed when room frees), `reason`, `because_of` (the job that needed the room).")
 
 
 class JobLogs(_Response):

@@ -129,6 +129,9 @@ class FineTuningJob(_Response):
     integrations: list[Any] = Field(default_factory=list)
     metadata: dict[str, str] | None = None
     user_provided_suffix: str | None = None
+    usage: dict[str, Any] | None = Field(
+        None, description="An extension: worker and GPU hours used so far (spot and on-demand apart) and their "
+        "cost, and `estimated_*` totals from validation (`GET /jobs/{id}` has them as `usage` and `estimate`).")
 
 
 class FineTuningJobList(ListResponse):

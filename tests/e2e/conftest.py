@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -47,6 +48,19 @@ def client(url: str) -> Client:
     if url not in _CLIENTS:
         _CLIENTS[url] = Client(base_url=url, api_key=shared.ADMIN_KEY, timeout=60)
     return _CLIENTS[url]
+
+
+def key_for(home: Path, tenant: str) -> str:
+    """A user key of `tenant`, made in the service's own store (as `eft keys create` does)."""
+    from eft.service.auth import KeyStore
+    from eft.service.settings import Settings
+    from eft.service.store import Store
+
+    store = Store(Settings(home=home, database_url=None).resolved_database_url)
+    try:
+        return KeyStore(store.engine).create(tenant, "user", name="e2e")[1]
+    finally:
+        store.close()
 
 
 def as_json(model: BaseModel) -> dict:
@@ -116,6 +130,7 @@ def service(ray_cluster, tmp_path_factory):
         "EFT_MAX_RUNNING_JOBS_PER_TENANT": "4",
         # The custom resource the spot-node tests label their nodes with.
         "EFT_ALLOWED_WORKER_RESOURCES": '["eft_test_spot"]',
+        "EFT_SPOT_RESOURCES": '["eft_test_spot"]',
         # The model servers take no CPU of the cluster's (training tests count them) and
         # scale back to zero soon after the tests that chat with them.
         "EFT_INFERENCE_CPUS": "0",

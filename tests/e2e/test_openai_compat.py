@@ -12,22 +12,9 @@ import httpx
 import pytest
 
 from eft.service.settings import BUNDLED_ASSETS
-from tests.e2e.conftest import ADMIN_KEY
+from tests.e2e.conftest import ADMIN_KEY, key_for
 
 pytestmark = pytest.mark.e2e
-
-
-def _key_for(home: Path, tenant: str) -> str:
-    """A user key of `tenant`, made in the service's own store (as `eft keys create` does)."""
-    from eft.service.auth import KeyStore
-    from eft.service.settings import Settings
-    from eft.service.store import Store
-
-    store = Store(Settings(home=home, database_url=None).resolved_database_url)
-    try:
-        return KeyStore(store.engine).create(tenant, "user", name="e2e")[1]
-    finally:
-        store.close()
 
 
 def test_the_openai_client_runs_a_fine_tuning_job(service, tmp_path):
@@ -96,7 +83,7 @@ def test_the_openai_client_runs_a_fine_tuning_job(service, tmp_path):
             client.models.retrieve(unknown)
         assert missing.value.body["code"] == "model_not_found" and missing.value.body["param"] == "model"
     # Another tenant neither sees nor reaches it.
-    other_key = _key_for(service["home"], "other-tenant")
+    other_key = key_for(service["home"], "other-tenant")
     other = OpenAI(base_url=f"{service['url']}/v1", api_key=other_key, max_retries=0, timeout=60)
     assert job.fine_tuned_model not in {m.id for m in other.models.list().data}
     with pytest.raises(NotFoundError):

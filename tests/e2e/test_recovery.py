@@ -253,13 +253,16 @@ def _event(url: str, job_id: str, type_: str, where: Callable[[dict], bool] = la
     return check
 
 
-ELASTIC_STEPS = 700
+ELASTIC_STEPS = 1200
 
 
-def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_nodes):
-    """min 1, max 3 workers on spot slots: starts on one node, grows to two when a second
-    node joins, and when that node is drained it checkpoints before the node goes (zero lost
-    steps), shrinks back to one, finishes, and equals a 1-worker reference run."""
+def test_elastic_job_grows_makes_room_for_a_higher_priority_job_and_loses_nothing(service, spot_nodes):
+    """min 1, max 3 workers on spot slots: starts on one node and grows to two when a second
+    node joins; a high-priority job arriving on the full cluster makes it shrink to one worker,
+    runs, and the elastic job grows back; a job whose minimum cannot be placed waits with a
+    reason and an estimated start; the second node is drained (a preemption notice) and the job
+    checkpoints before it goes and shrinks. Every resize resumes from a checkpoint taken at once
+    (zero lost steps, every step trained once), and the adapter equals a 1-worker reference run's."""
     url = service["url"]
     spot = {"resources": {SPOT: 1}}
     first = spot_nodes.start()
@@ -273,41 +276,67 @@ def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_no
     _until("training on one worker", lambda: _step_at_least(url, jid, 10))
     assert _get(url, jid)["num_workers"] == 1
 
+    # (3) A node joins: the scheduler gives the job the new slot and it grows onto it.
     second = spot_nodes.start()
     grown = _until("the job to grow", _event(url, jid, "resumed", lambda e: e["data"]["world_size"] == 2))
     _until("steps on two workers", lambda: _step_at_least(url, jid, grown["data"]["step"] + 5))
+
+    # (2) A high-priority job on the full cluster: the elastic job shrinks to its minimum for it.
+    urgent = _post(url, _body("urgent", 100, workers=1, scaling=spot, priority="high"))
+    # (4) A job whose minimum (2 spot workers) cannot be placed while both run: it waits, saying why.
+    wide = _post(url, _body("wide", 40, workers=2, scaling=spot))
+    made_room = _until("the shrink for the urgent job", _event(
+        url, jid, "resumed", lambda e: e["data"]["world_size"] == 1 and e["id"] > grown["id"]))
+    queue = _until("the wide job's queue line with an estimated start", lambda: (
+        (q := _get(url, wide["id"]).get("queue")) and q["estimated_start"] and "does not fit" in q["reason"] and q))
+    assert "2 worker(s)" in queue["reason"] and "slot(s)" in queue["reason"], queue
+    client(url).jobs.cancel(wide["id"])
+    urgent_done = wait_for(urgent["id"], url, {"succeeded"}, timeout_s=300)
+    regrown = _until("the job to grow back", _event(
+        url, jid, "resumed", lambda e: e["data"]["world_size"] == 2 and e["id"] > made_room["id"]))
+    _until("steps on two workers again", lambda: _step_at_least(url, jid, regrown["data"]["step"] + 5))
 
     spot_nodes.drain(second)
     _until("the preemption notice", _event(url, jid, "preempted"))
     shrunk = _until("the job to resume on one worker",
                     _event(url, jid, "resumed", lambda e: e["data"]["world_size"] == 1
-                           and e["id"] > grown["id"]))
+                           and e["id"] > regrown["id"]))
     done = wait_for(jid, url, {"succeeded"}, timeout_s=600)
     reference = wait_for(reference["id"], url, {"succeeded"}, timeout_s=600)
 
     assert shrunk["data"]["checkpoint_reason"] == "preemption"
     assert shrunk["data"]["lost_steps"] == 0  # the drain cost no work
-    # Growing cost no work either: the workers checkpointed when the controller decided to grow,
-    # and the two-worker group resumed from that checkpoint.
-    assert grown["data"]["checkpoint_reason"] == "resize" and grown["data"]["lost_steps"] == 0, grown
+    # Growing, shrinking for another job and growing back cost no work either: the workers
+    # checkpointed when the controller decided to resize, and the new group resumed from it.
+    for resize in (grown, made_room, regrown):
+        assert resize["data"]["checkpoint_reason"] == "resize" and resize["data"]["lost_steps"] == 0, resize
     events = _events(url, jid)
+    resized = [e for e in events if e["type"] == "resized"]
+    assert [(e["data"]["from_workers"], e["data"]["to_workers"]) for e in resized] == [(1, 2), (2, 1), (1, 2), (2, 1)]
+    # The shrink names the job that needed the room, as does the scheduler's decision before it.
+    assert resized[1]["data"]["because_of"] == urgent["id"] and urgent["id"] in resized[1]["message"], resized[1]
+    scheduled = [e for e in events if e["type"] == "scheduled"]
+    assert any(e["data"]["workers"] == 1 and e["data"]["because_of"] == urgent["id"] for e in scheduled), scheduled
+    # The urgent job ran while the elastic one held its minimum, undisturbed.
+    assert urgent_done["restarts"] == 0 and urgent_done["resizes"] == 0
+    assert _get(url, wide["id"])["status"] == "cancelled"
     saved = [e for e in events if e["type"] == "checkpoint_saved"]
     preemption_saves = [e for e in saved if e["data"]["reason"] == "preemption"]
     assert len(preemption_saves) == 1 and preemption_saves[0]["data"]["world_size"] == 2
     assert preemption_saves[0]["data"]["step"] == shrunk["data"]["step"]
-    resized = [(e["data"]["from_workers"], e["data"]["to_workers"]) for e in events if e["type"] == "resized"]
-    assert resized == [(1, 2), (2, 1)], resized
-    assert done["preemptions"] == 1 and done["resizes"] == 2 and done["restarts"] == 0
+    assert done["preemptions"] == 1 and done["resizes"] == 4 and done["restarts"] == 0
     assert done["num_workers"] == 1 and first.poll() is None
-    # Every step trained exactly once, across both resizes.
+    # Every step trained exactly once, across all four resizes.
     assert sorted(_trained_steps(url, jid)) == list(range(1, ELASTIC_STEPS + 1))
     resize_saves = [e for e in saved if e["data"]["reason"] == "resize"]
-    assert [(e["data"]["step"], e["data"]["world_size"]) for e in resize_saves] == [(grown["data"]["step"], 1)]
-    # The resize's cost is on the event: from the decision (before the checkpoint was saved) to
-    # the larger group holding the checkpoint.
-    pause_s = grown["data"]["resize_pause_s"]
-    assert pause_s >= (_at(grown) - _at(resize_saves[0])).total_seconds() - 1.0 > 0, grown
-    print(f"growth: checkpoint at step {grown['data']['step']}, resumed on 2 workers after a {pause_s:.1f} s pause")
+    assert [(e["data"]["step"], e["data"]["world_size"]) for e in resize_saves] == [
+        (grown["data"]["step"], 1), (made_room["data"]["step"], 2), (regrown["data"]["step"], 1)]
+    # A resize's cost is on its event: from the decision (before the checkpoint was saved) to
+    # the resized group holding the checkpoint.
+    for resize, save in zip((grown, made_room, regrown), resize_saves):
+        pause_s = resize["data"]["resize_pause_s"]
+        assert pause_s >= (_at(resize) - _at(save)).total_seconds() - 1.0 > 0, resize
+        print(f"resize to {resize['data']['world_size']} at step {resize['data']['step']}: {pause_s:.1f} s pause")
     # Until the job first grew it ran at the reference's world size: the same losses, bit for bit.
     ours, theirs = _losses(url, jid), _losses(url, reference["id"])
     before_growth = range(1, grown["data"]["step"] + 1)
@@ -321,6 +350,39 @@ def test_elastic_job_grows_shrinks_and_loses_nothing_to_a_drain(service, spot_no
     checkpoints = _get(url, jid, "/checkpoints")
     assert all(c["size_bytes"] > 0 for c in checkpoints)
     assert {c["reason"] for c in checkpoints} >= {"interval", "resize", "preemption", "final"}
+
+
+def test_two_tenants_with_equal_weights_each_get_half_the_slots(service, spot_nodes):
+    """Two spot slots, two tenants of equal weight with two one-worker jobs each, all queued
+    behind a job that holds both slots: as the slots free, each tenant gets one, whatever the
+    order the jobs arrived in; the queued ones say why they wait."""
+    from eft import Client
+
+    from tests.e2e.conftest import key_for
+
+    url = service["url"]
+    spot = {"resources": {SPOT: 1}}
+    spot_nodes.start()
+    spot_nodes.start()
+    blocker = _post(url, _body("blocker", 150, workers=2, scaling=spot))
+    _until("the blocker on both slots", lambda: _step_at_least(url, blocker["id"], 1))
+    tenants = {t: Client(base_url=url, api_key=key_for(service["home"], t), timeout=60) for t in ("team-a", "team-b")}
+    # Team a's jobs arrive first: first come, first served would give it both slots.
+    posted = [(t, as_json(tenants[t].jobs.create(_body(f"{t}-{i % 2}", 30, workers=1, scaling=spot))))
+              for i, t in enumerate(("team-a", "team-a", "team-b", "team-b"))]
+    waiting = _until("the four queued with a reason", lambda: all(
+        (j := as_json(tenants[t].jobs.retrieve(p["id"])))["status"] == "queued" and j.get("queue")
+        for t, p in posted) and posted)
+    line = as_json(tenants["team-b"].jobs.retrieve(waiting[2][1]["id"]))["queue"]
+    assert "does not fit now" in line["reason"] and "cpu+eft_test_spot" in line["reason"], line
+    done = {p["id"]: wait_for(p["id"], url, {"succeeded"}, timeout_s=400) for _, p in posted}
+    starts = sorted((done[p["id"]]["started_at"], t) for t, p in posted)
+    # The first two to start are one of each tenant's; the next two after one of those finished.
+    assert {t for _, t in starts[:2]} == {"team-a", "team-b"}, starts
+    first_finish = min(done[p["id"]]["finished_at"] for _, p in posted if done[p["id"]]["started_at"] in
+                       {s for s, _ in starts[:2]})
+    assert all(s >= first_finish for s, _ in starts[2:]), (starts, first_finish)
+    assert wait_for(blocker["id"], url, {"succeeded"})["status"] == "succeeded"
 
 
 # --- the service itself --------------------------------------------------------------------

@@ -148,10 +148,15 @@ def test_a_high_priority_job_shrinks_an_elastic_one_to_make_room_then_it_grows_b
     urgent = _job(store, "t", priority="high", min=2)
     scheduler.tick()
     job = store.get_job(elastic)
-    # Shrunk to its minimum for the urgent job; the urgent job is dispatched at once (its
-    # workers wait in Ray for the slots the shrink frees).
+    # Shrunk to its minimum for the urgent job, which starts once the shrink has released the
+    # slots (the elastic job's driver checkpoints, then restarts on one worker).
     assert job.schedule == {"workers": 1, "reason": "shrink: room for another job", "because_of": urgent,
                             "placement": {"cpu+spot": 1}}, job.schedule
+    assert urgent not in _started(launcher)
+    place = queueing.position(store, scheduler.settings, store.get_job(urgent), nodes=scheduler.nodes())
+    assert place.reason.startswith(f"room is being made for it: {elastic} shrink"), place
+    _run_at(store, elastic, 1)
+    scheduler.tick()
     assert urgent in _started(launcher)
     events = [e for e in store.list_events(elastic, limit=100)[0] if e.type == "scheduled"]
     assert len(events) == 1 and urgent in events[-1].message and events[-1].data["workers"] == 1
@@ -160,7 +165,6 @@ def test_a_high_priority_job_shrinks_an_elastic_one_to_make_room_then_it_grows_b
 
     limit = StoreReporter("", elastic, job.attempt, store=store).worker_limit()
     assert limit == {"workers": 1, "reason": "shrink: room for another job", "because_of": urgent}
-    _run_at(store, elastic, 1)
     _run_at(store, urgent, 2)
     scheduler.tick()
     assert store.get_job(elastic).schedule["workers"] == 1  # nothing changed: no new event
@@ -179,15 +183,16 @@ def test_a_lower_priority_job_is_paused_for_a_minimum_that_cannot_fit_and_resume
     scheduler.tick()
     job = store.get_job(low)
     assert job.status is JobStatus.pausing and job.schedule["paused"] and job.schedule["because_of"] == urgent
+    assert store.get_job(urgent).status is JobStatus.queued  # until the low job's slots are free
+    # The low job's workers checkpoint and stop (its driver reports it paused).
+    store.transition(low, JobStatus.paused, "paused at step 30", step=30)
+    scheduler.tick()
     assert store.get_job(urgent).status is JobStatus.running
+    assert store.get_job(low).status is JobStatus.paused  # no room for it now
     # A user's pause is theirs: the scheduler never resumes it.
     mine = _job(store, priority="low")
     scheduler.tick()
     store.transition(mine, JobStatus.paused, "paused before it ran")
-    # The low job's workers checkpoint and stop (its driver reports it paused).
-    store.transition(low, JobStatus.paused, "paused at step 30", step=30)
-    scheduler.tick()
-    assert store.get_job(low).status is JobStatus.paused  # no room yet
     store.transition(urgent, JobStatus.succeeded, "done")
     scheduler.tick()
     # Resumed by the scheduler and dispatched in the same pass: its second attempt resumes from

@@ -16,7 +16,8 @@ def _record(**kw) -> JobRecord:
     base = dict(id="ftjob-x", tenant="default", name="demo", status=JobStatus.running, request={}, config={},
                 attempt=1, num_workers=1, submission_id=None, step=10, total_steps=40, error_code=None,
                 error_message=None, error_param=None, artifact_path=None, result_metrics=None, restarts=0,
-                preemptions=0, resizes=0, lost_steps=0, plan=None, schedule=None, created_at=NOW,
+                preemptions=0, resizes=0, lost_steps=0, plan=None, schedule=None, estimate=None,
+                worker_seconds=0.0, spot_worker_seconds=0.0, created_at=NOW,
                 updated_at=NOW, started_at=NOW - timedelta(seconds=100), finished_at=None)
     return JobRecord(**{**base, **kw})
 
