@@ -278,8 +278,13 @@ def _plan_elastic(pools: dict[str, Pool], jobs: list[Demand], tenants: dict[str,
             state.reasons[job.id] = "borrowing idle capacity"
     admitted = [j for j in jobs if j.id in state.alloc]
 
-    # 3. Running jobs back to their size where their tenant's share allows: never resize without need.
-    for job in sorted((j for j in admitted if j.workers > state.alloc[j.id]), key=within_tenant):
+    # 3. Running jobs back to their size where their tenant's share allows: never resize without
+    # need. Within a priority, jobs with the least above their minimum first: the room a new job
+    # takes then comes from as few jobs as possible (each shrink costs that job a restart).
+    def restore_order(j: Demand) -> tuple:
+        return (-j.priority, j.workers - state.alloc[j.id], j.arrival, j.id)
+
+    for job in sorted((j for j in admitted if j.workers > state.alloc[j.id]), key=restore_order):
         keep = min(job.workers, job.max_workers) - state.alloc[job.id]
         room = int(share[job.tenant] + 1e-9 - state.used.get(job.tenant, 0.0))
         keep = min(keep, max(0, room))
@@ -300,6 +305,12 @@ def _plan_elastic(pools: dict[str, Pool], jobs: list[Demand], tenants: dict[str,
         saved = job.remaining_s / job.rate(job.workers) - job.remaining_s / job.rate(target)
         return saved > 2 * resize_cost_s
 
+    def first_slot(job: Demand) -> float:
+        # A running job not yet resized in this plan pays a restart for its first added slot:
+        # its gain counts half, so freed slots go to fewer jobs (those already growing, or
+        # starting) rather than one to each.
+        return 1.0 if job.workers == 0 or state.alloc[job.id] != job.workers else 0.5
+
     growable = {j.id for j in admitted}
     while growable:
         candidates = [by_id[i] for i in growable
@@ -309,7 +320,8 @@ def _plan_elastic(pools: dict[str, Pool], jobs: list[Demand], tenants: dict[str,
         # Tenants under their share first; then a running job back to the size it had (a resize
         # costs a restart, moving a slot between jobs costs two); then the largest gain.
         best = min(candidates, key=lambda j: (state.used.get(j.tenant, 0.0) >= share[j.tenant] - 1e-9,
-                                              state.alloc[j.id] >= j.workers, -gain(j), -j.priority, j.arrival, j.id))
+                                              state.alloc[j.id] >= j.workers, -gain(j) * first_slot(j),
+                                              -j.priority, j.arrival, j.id))
         if gain(best) <= 1e-9:
             growable.discard(best.id)
             continue
