@@ -42,9 +42,21 @@ class StoreReporter:
         self.event("training_started", f"attempt {self.attempt} starting with {min_workers}-{max_workers} workers",
                    {"min_workers": min_workers, "max_workers": max_workers})
 
-    def step(self, step: int, num_workers: int | None) -> bool:
-        extra = {"num_workers": num_workers} if num_workers else {}
+    def step(self, step: int, num_workers: int | None, worker_seconds: float = 0.0) -> bool:
+        extra: dict[str, Any] = {"num_workers": num_workers} if num_workers else {}
+        if worker_seconds > 0:
+            extra.update(self._usage_values(worker_seconds))
         return bool(self.store.update_job(self.job_id, attempt=self.attempt, step=step, **extra))
+
+    def _usage_values(self, worker_seconds: float) -> dict[str, Any]:
+        from eft.service.schema import jobs
+
+        if self._spot is None:
+            self._spot = bool((self.store.get_job(self.job_id).estimate or {}).get("spot"))
+        values: dict[str, Any] = {"worker_seconds": jobs.c.worker_seconds + worker_seconds}
+        if self._spot:
+            values["spot_worker_seconds"] = jobs.c.spot_worker_seconds + worker_seconds
+        return values
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         self.store.record_metrics(self.job_id, self.attempt, step, values)
@@ -68,14 +80,7 @@ class StoreReporter:
         return job.status is JobStatus.pausing and job.attempt == self.attempt
 
     def usage(self, worker_seconds: float) -> None:
-        from eft.service.schema import jobs
-
-        if self._spot is None:
-            self._spot = bool((self.store.get_job(self.job_id).estimate or {}).get("spot"))
-        values: dict[str, Any] = {"worker_seconds": jobs.c.worker_seconds + worker_seconds}
-        if self._spot:
-            values["spot_worker_seconds"] = jobs.c.spot_worker_seconds + worker_seconds
-        self.store.update_job(self.job_id, attempt=self.attempt, **values)
+        self.store.update_job(self.job_id, attempt=self.attempt, **self._usage_values(worker_seconds))
 
     def worker_limit(self) -> dict[str, Any] | None:
         job = self.store.get_job(self.job_id)

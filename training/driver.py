@@ -105,9 +105,9 @@ class _Reporting:
 #: callback) counts them and `LosslessResize` (the scaling policy) waits for one, both in the
 #: controller's process.
 RESIZE_CHECKPOINTS: dict[str, int] = {}
-#: The cluster scheduler's latest size for each job, as `LosslessResize` last read it (the
-#: `resized` event names its reason and the job that needed the room).
-LIMITS: dict[str, dict[str, Any]] = {}
+#: The cluster scheduler's decision behind each job's pending resize, as `LosslessResize` read
+#: it when it decided (the `resized` event names its reason and the job that needed the room).
+DECIDED: dict[str, dict[str, Any]] = {}
 
 
 class LosslessResize(ElasticScalingPolicy):
@@ -132,6 +132,7 @@ class LosslessResize(ElasticScalingPolicy):
         self._group_started: float | None = None
         self._limit: int | None = None
         self._limit_read = float("-inf")
+        self._limit_read_as: dict[str, Any] | None = None
 
     def _current_limit(self) -> int | None:
         """The scheduler's size, read from the sink at most every `LIMIT_READ_S`."""
@@ -143,8 +144,7 @@ class LosslessResize(ElasticScalingPolicy):
                 log.warning("could not read %s's size from the scheduler", self.job_id, exc_info=True)
             else:
                 self._limit = None if not limit else max(self.scaling_config.min_workers, int(limit["workers"]))
-                if limit:
-                    LIMITS[self.job_id] = limit
+                self._limit_read_as = limit
         return self._limit
 
     def _capped(self, decision: Any, current: int | None = None) -> Any:
@@ -170,6 +170,10 @@ class LosslessResize(ElasticScalingPolicy):
                     worker_group_state, worker_group_status), worker_group_state.num_workers)
             if not isinstance(decision, ResizeDecision):
                 return decision
+            if self._limit_read_as and decision.num_workers == self._limit:
+                DECIDED[self.job_id] = dict(self._limit_read_as)  # the scheduler's sizing
+            else:
+                DECIDED.pop(self.job_id, None)  # Ray Train's own (the cluster changed)
             self._pending, self._asked_at = decision, time.monotonic()
             self._group_started = worker_group_state.start_time
             self._registered = RESIZE_CHECKPOINTS.get(self.job_id, 0)
@@ -280,7 +284,7 @@ class RecordRecovery(_Reporting, ControllerCallback):
             self.telemetry.counts(resizes=1)
             data = {"from_workers": self.num_workers, "to_workers": target,
                     "reason": "shrink" if self.num_workers is not None and target < self.num_workers else "grow"}
-            limit = LIMITS.get(self.config.get("job_id", ""))
+            limit = DECIDED.pop(self.config.get("job_id", ""), None)
             if limit and limit.get("workers") == target:  # the scheduler's decision: say why
                 data.update(scheduler_reason=limit.get("reason"), because_of=limit.get("because_of"))
             because = f" to make room for {data['because_of']}" if data.get("because_of") else ""

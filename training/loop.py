@@ -139,7 +139,6 @@ class Recipe:
         self.pause_seen, self._control_ref = False, None
         # Rank 0: checkpoint requests read from the sink, and those served (a resize waits for one).
         self.checkpoints_asked = self.checkpoints_served = 0
-        self._control_baseline = False
         self.paused = False
 
     # --- setup ---------------------------------------------------------------------------
@@ -194,10 +193,9 @@ class Recipe:
             self._continue_from(cfg)
         if self.rank == 0 and self.sink is not None:
             # Asked before the workers started? The answer is read at the first check after it
-            # comes (nothing waits for it here). Requests made before this group started were
-            # for the group before it: they are served already.
+            # comes (nothing waits for it here). The sink counts requests from this group's
+            # start (`group_started`): those made before were for the group before it.
             self._control_ref = self.sink.control.remote()
-            self._control_baseline = True
 
     def _continue_from(self, cfg: TrainConfig) -> None:
         """A job's first start from another job's checkpoint: its trainable weights and, with
@@ -469,9 +467,6 @@ class Recipe:
             if ready:
                 pause, asked = ray.get(self._control_ref)
                 self.pause_seen = self.pause_seen or bool(pause)
-                if self._control_baseline:
-                    self.checkpoints_served = int(asked)
-                    self._control_baseline = False
                 self.checkpoints_asked = max(self.checkpoints_asked, int(asked))
                 self._control_ref = None
         if self._control_ref is None and not self.pause_seen:

@@ -9,6 +9,7 @@ every earlier one landed.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from typing import Any
@@ -20,13 +21,21 @@ from eft.training.reporting import Reporter, RunSpec
 from eft.training.trackers import trackers_for
 
 
-@ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)
+#: The controller's and rank 0's questions (pause? checkpoint before a resize? the scheduler's
+#: size?) run in their own thread: they never wait behind a backlog of per-step reports.
+CONTROL = "control"
+
+
+@ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3, concurrency_groups={CONTROL: 1})
 class ProgressSink:
     def __init__(self, reporter: Reporter, spec: RunSpec, config: dict[str, Any]):
         self.reporter = reporter
-        # Checkpoints the controller asked for before a resize, and when it last asked.
+        # Checkpoints the controller asked for before a resize, and when it last asked; the
+        # requests made before the current worker group started were for an earlier group.
         self.checkpoints_asked = 0
+        self.asked_before_group = 0
         self.resize_asked_at: float | None = None
+        self._lock = threading.Lock()
         # The furthest step trained so far, by this attempt or an earlier one: a resume from
         # an older checkpoint trains the steps in between again (lost steps).
         self.furthest, self.trained_tokens = reporter.position()
@@ -38,16 +47,26 @@ class ProgressSink:
         self._held_since: float | None = None
         self._held_workers = 0
 
+    @ray.method(concurrency_group=CONTROL)
     def group_started(self, world_size: int) -> None:
-        """A worker group of `world_size` started (rank 0, before it loads the model)."""
-        self._accrue()
-        self._held_since, self._held_workers = time.monotonic(), world_size
+        """A worker group of `world_size` started (rank 0, before it loads the model): its
+        worker time counts from now, and checkpoint requests count from here for it."""
+        with self._lock:
+            self.asked_before_group = self.checkpoints_asked
+            seconds = self._held_seconds()
+            self._held_since, self._held_workers = time.monotonic(), world_size
+        if seconds:
+            self._report_usage(seconds)
 
-    def _accrue(self) -> None:
+    def _held_seconds(self) -> float:
+        """Worker-seconds held since the last count (under the lock)."""
         if self._held_since is None:
-            return
+            return 0.0
         now = time.monotonic()
         seconds, self._held_since = (now - self._held_since) * self._held_workers, now
+        return seconds
+
+    def _report_usage(self, seconds: float) -> None:
         try:
             self.reporter.usage(seconds)
         except Exception:  # noqa: BLE001 - bookkeeping never stops training
@@ -57,10 +76,12 @@ class ProgressSink:
         """Store one step's metrics and move the job's step counter. Returns the step."""
         numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
         num_workers = int(numbers["world_size"]) if "world_size" in numbers else None
-        if num_workers and self._held_since is None:
-            self.group_started(num_workers)  # a group that did not say when it started
-        self._accrue()
-        if self.reporter.step(step, num_workers):  # a stale attempt's late metrics are dropped
+        with self._lock:
+            if num_workers and self._held_since is None:  # a group that did not say when it started
+                self._held_since, self._held_workers = time.monotonic(), num_workers
+            seconds = self._held_seconds()
+        # One write moves the step and counts the worker time (a stale attempt's are dropped).
+        if self.reporter.step(step, num_workers, worker_seconds=seconds):
             self.trained_tokens += self.telemetry.step(step, numbers)
             numbers["trained_tokens"] = round(self.trained_tokens)
             self.reporter.metrics(step, numbers)
@@ -73,30 +94,40 @@ class ProgressSink:
         """An event of the job from rank 0 (an early stop, replies to validation prompts)."""
         self.reporter.event(type_, message, data)
 
+    @ray.method(concurrency_group=CONTROL)
     def pause_requested(self) -> bool:
         """Whether the job was asked to pause (rank 0 asks at its checks, without waiting)."""
         return bool(self.reporter.pause_requested())
 
+    @ray.method(concurrency_group=CONTROL)
     def request_checkpoint(self) -> int:
         """The controller asks for a checkpoint at the workers' next check (before a resize):
         returns the request's number."""
-        self.checkpoints_asked += 1
-        self.resize_asked_at = time.monotonic()
-        return self.checkpoints_asked
+        with self._lock:
+            self.checkpoints_asked += 1
+            self.resize_asked_at = time.monotonic()
+            return self.checkpoints_asked
 
+    @ray.method(concurrency_group=CONTROL)
     def worker_limit(self) -> dict[str, Any] | None:
         """The scheduler's size for the job (the controller's scaling policy keeps to it)."""
         return self.reporter.worker_limit()
 
+    @ray.method(concurrency_group=CONTROL)
     def control(self) -> tuple[bool, int]:
         """What rank 0 reads at its checks, without waiting: (asked to pause, checkpoint
-        requests so far)."""
-        return bool(self.reporter.pause_requested()), self.checkpoints_asked
+        requests made since its worker group started)."""
+        with self._lock:
+            asked = self.checkpoints_asked - self.asked_before_group
+        return bool(self.reporter.pause_requested()), asked
 
     def close(self) -> None:
         """Flush and close the trackers (the driver calls this before publishing)."""
-        self._accrue()
-        self._held_since = None
+        with self._lock:
+            seconds = self._held_seconds()
+            self._held_since = None
+        if seconds:
+            self._report_usage(seconds)
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []

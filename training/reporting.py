@@ -46,8 +46,9 @@ class Reporter(Protocol):
     def started(self, min_workers: int, max_workers: int) -> None:
         """The attempt's driver is starting the trainer."""
 
-    def step(self, step: int, num_workers: int | None) -> bool:
-        """Rank 0 finished `step` with `num_workers` workers. False: this attempt is stale."""
+    def step(self, step: int, num_workers: int | None, worker_seconds: float = 0.0) -> bool:
+        """Rank 0 finished `step` with `num_workers` workers, which held `worker_seconds`
+        (seconds x workers) since the last report. False: this attempt is stale."""
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         """Store one logged step's metrics (after `step` accepted it)."""
