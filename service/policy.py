@@ -157,6 +157,22 @@ def fair_shares(total: float, demands: Mapping[str, float], tenants: Mapping[str
     return share
 
 
+def speedup_curve(measured: Mapping[int, float], max_workers: int) -> tuple[float, ...] | None:
+    """A job's throughput at 1..max_workers workers relative to one, fitted to what it measured
+    (tokens/s per world size) with the usual model of a data-parallel job, k / (1 + s (k - 1)),
+    where s is the fraction of a worker lost to communication per added worker. None until it
+    has run at two sizes (the policy then assumes linear scaling)."""
+    sizes = sorted(k for k, v in measured.items() if k >= 1 and v > 0)
+    if len(sizes) < 2:
+        return None
+    a, b = sizes[0], sizes[-1]
+    ratio = measured[b] / measured[a]
+    denominator = ratio * a * (b - 1) - b * (a - 1)
+    loss = (b - ratio * a) / denominator if denominator > 0 else 1.0
+    loss = min(1.0, max(0.0, loss))
+    return tuple(k / (1 + loss * (k - 1)) for k in range(1, max_workers + 1))
+
+
 def priority_value(priority: str | int | None) -> int:
     """A job's priority as a number: the named ones, or the number as given."""
     if priority is None:

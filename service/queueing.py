@@ -17,7 +17,7 @@ from typing import Any
 
 from eft.service import capacity
 from eft.service.capacity import Node, Picture, Shape
-from eft.service.policy import Decision, Demand, Tenant, fair_order, plan, priority_value
+from eft.service.policy import Decision, Demand, Tenant, fair_order, plan, priority_value, speedup_curve
 from eft.service.progress import progress_fields
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store, utcnow
@@ -82,6 +82,17 @@ class ClusterPlan:
         return True
 
 
+def _remaining_s(job: JobRecord, latest: dict[str, Any] | None, curve: tuple[float, ...] | None) -> float | None:
+    """The work a running job has left, in seconds at one worker: its remaining steps at its
+    last step time, times its current size's speedup. None when unknown (growth always pays)."""
+    step_time = (latest or {}).get("step_time_s")
+    workers = int((latest or {}).get("world_size") or job.num_workers or 0)
+    if not step_time or not job.total_steps or workers < 1:
+        return None
+    speedup = curve[min(workers, len(curve)) - 1] if curve else float(workers)
+    return max(0, job.total_steps - job.step) * float(step_time) * speedup
+
+
 def scheduler_paused(job: JobRecord) -> bool:
     return job.status is JobStatus.paused and bool((job.schedule or {}).get("paused"))
 
@@ -97,8 +108,10 @@ def cluster_plan(store: Store, settings: Settings, nodes: list[Node] | None) -> 
     paused = [j for j in store.list_jobs(statuses=[JobStatus.paused], oldest_first=True, limit=limit)[0]
               if scheduler_paused(j)]
     shapes = {j.id: capacity.shape_of(j.config) for j in (*queued, *active, *paused)}
-    # A running job holds what it last reported (its minimum until its workers are up).
-    holding = {j.id: max(shapes[j.id].min_workers, j.num_workers or 0) for j in active}
+    # A running job holds what it last reported (its minimum until its workers are up), or the
+    # size it was given while it resizes to it: its new group holds those slots before it reports.
+    holding = {j.id: max(shapes[j.id].min_workers, j.num_workers or 0, int((j.schedule or {}).get("workers") or 0))
+               for j in active}
     first = capacity.pools(nodes, settings)
     held = capacity.place_held(first, [(shapes[j.id], holding[j.id]) for j in active])
     picture = capacity.pools(nodes, settings, held)
@@ -109,6 +122,11 @@ def cluster_plan(store: Store, settings: Settings, nodes: list[Node] | None) -> 
     pools = [capacity.Pool(p.name, max(0, p.slots - leaving.get(p.name, 0)), p.spot, p.max_slots)
              for p in picture.pools.values()]
     planned = {p.name: p for p in pools}
+    # Goodput: how each running elastic job's throughput scales (measured at the sizes it has
+    # run at) and the work it has left, for the policy's growth decisions.
+    elastic = [j for j in active if j.status is JobStatus.running and shapes[j.id].max_workers > shapes[j.id].min_workers]
+    measured = store.throughput_by_size(j.id for j in elastic)
+    latest = store.latest_metric_values(j.id for j in elastic)
     demands = []
     for order, job in enumerate(sorted((*queued, *active, *paused), key=lambda j: j.id)):
         if job.status in ACTIVE and job.status is not JobStatus.running:
@@ -116,17 +134,18 @@ def cluster_plan(store: Store, settings: Settings, nodes: list[Node] | None) -> 
         shape = shapes[job.id]
         if shape.min_workers > picture.ceiling(picture.pools_for(shape)):
             continue  # can never be placed here: stays queued, its reason says why
+        curve = speedup_curve(measured.get(job.id, {}), shape.max_workers)
         demands.append(capacity.demand(
             job.id, job.tenant, shape, picture, arrival=order, priority=_priority((job.request or {}).get("priority")),
-            workers=holding.get(job.id, 0)))
+            workers=holding.get(job.id, 0), speedup=curve,
+            remaining_s=_remaining_s(job, latest.get(job.id), curve)))
     # Admission counts what the autoscaler can add: a group below its maximum grows for the
     # workers that wait on it.
     ceilings = [capacity.Pool(p.name, p.ceiling, p.spot) for p in planned.values()]
-    decisions = plan(ceilings, demands, tenants(settings), policy="elastic")
+    decisions = plan(ceilings, demands, tenants(settings), policy="elastic", resize_cost_s=settings.resize_cost_s)
     jobs = {j.id: j for j in (*queued, *active, *paused)}
     # What active jobs claim: a growing job the size it was given, a starting one its minimum.
-    claims = capacity.place_held(picture, [
-        (shapes[j.id], max(holding[j.id], int((j.schedule or {}).get("workers") or 0))) for j in active])
+    claims = capacity.place_held(picture, [(shapes[j.id], holding[j.id]) for j in active])
     free = {name: max(0, min(picture.free_now.get(name, 0), picture.total.get(name, 0) - claims.get(name, 0)))
             + max(0, (pool.max_slots or 0) - picture.total.get(name, 0)) for name, pool in picture.pools.items()}
     return ClusterPlan(picture, shapes, jobs, decisions, held, free)

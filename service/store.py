@@ -478,6 +478,24 @@ class Store:
         with self.engine.connect() as conn:
             return {job_id: dict(values or {}) for job_id, values in conn.execute(query).all()}
 
+    def throughput_by_size(self, job_ids: Iterable[str]) -> dict[str, dict[int, float]]:
+        """Each job's mean `tokens_per_s` per world size it has run at (one aggregate query): how
+        its throughput scales, for the scheduler's growth decisions."""
+        ids = list(job_ids)
+        if not ids:
+            return {}
+        size = job_metrics.c["values"]["world_size"].as_float()
+        rate = job_metrics.c["values"]["tokens_per_s"].as_float()
+        query = (sa.select(job_metrics.c.job_id, size, sa.func.avg(rate))
+                 .where(job_metrics.c.job_id.in_(ids), rate.is_not(None), size.is_not(None))
+                 .group_by(job_metrics.c.job_id, size))
+        out: dict[str, dict[int, float]] = {}
+        with self.engine.connect() as conn:
+            for job_id, workers, mean in conn.execute(query).all():
+                if workers and mean:
+                    out.setdefault(job_id, {})[int(workers)] = float(mean)
+        return out
+
     @once
     def record_checkpoint(
         self, job_id: str, attempt: int, step: int, path: str, metrics: dict[str, Any], *,

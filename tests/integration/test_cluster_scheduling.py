@@ -201,3 +201,57 @@ def test_a_lower_priority_job_is_paused_for_a_minimum_that_cannot_fit_and_resume
     resumed = [e for e in store.list_events(low, limit=100)[0] if e.type == "resume_requested"]
     assert [e.data["by"] for e in resumed] == ["scheduler"]
     assert store.get_job(mine).status is JobStatus.paused
+
+
+def test_a_free_slot_goes_to_the_job_whose_measured_throughput_scales_best(store):
+    """Goodput: both elastic jobs ran at 1 and 2 workers; one nearly doubled its tokens/s, the
+    other gained 10%. With one slot free the first grows; the second stays at its size."""
+    scheduler, launcher = _scheduler(store, Cluster(store, 3), resize_cost_s=0)
+    poor = _job(store, min=1, max=2)
+    good = _job(store, min=1, max=2)
+    scheduler.tick()
+    for job_id, rate_at_2 in ((poor, 110.0), (good, 195.0)):
+        job = store.get_job(job_id)
+        store.record_metrics(job_id, job.attempt, 1, {"tokens_per_s": 100.0, "world_size": 1.0, "step_time_s": 1.0})
+        store.record_metrics(job_id, job.attempt, 2, {"tokens_per_s": rate_at_2, "world_size": 2.0, "step_time_s": 1.0})
+        store.set_schedule(job_id, {"workers": 1})
+    _run_at(store, poor, 1)
+    _run_at(store, good, 1)
+    scheduler.tick()
+    assert store.get_job(good).schedule["workers"] == 2
+    assert store.get_job(poor).schedule["workers"] == 1
+
+
+def test_a_running_job_grows_only_when_the_time_saved_pays_for_the_resize(store):
+    scheduler, _ = _scheduler(store, Cluster(store, 2), resize_cost_s=60)
+    nearly_done = _job(store, min=1, max=2)
+    scheduler.tick()
+    store.set_schedule(nearly_done, {"workers": 1})
+    _run_at(store, nearly_done, 1, step=95, step_time_s=1.0)  # 5 s left: a resize costs more
+    scheduler.tick()
+    job = store.get_job(nearly_done)
+    assert job.schedule["workers"] == 1
+    _run_at(store, nearly_done, 1, step=10, step_time_s=10.0)  # 900 s left: worth it
+    scheduler.tick()
+    assert store.get_job(nearly_done).schedule["workers"] == 2
+
+
+def test_a_job_resizing_to_its_new_size_keeps_it_while_its_new_group_starts(store):
+    """While an elastic job restarts on the size it was given, its new group already holds the
+    slots (Ray shows none free) and the job still reports its old size: the scheduler must not
+    read that as less room and take the size back (a resize loop)."""
+    nodes = {"free": 2}
+    scheduler, _ = _scheduler(store, lambda: spot_nodes(2, nodes["free"]), resize_cost_s=0)
+    job_id = _job(store, min=1, max=2)
+    scheduler.tick()
+    store.set_schedule(job_id, {"workers": 1})
+    _run_at(store, job_id, 1)
+    nodes["free"] = 1
+    scheduler.tick()
+    assert store.get_job(job_id).schedule["workers"] == 2  # grows into the free slot
+    nodes["free"] = 0  # the 2-worker group holds both slots; the job still reports 1 worker
+    for _ in range(3):
+        scheduler.tick()
+        assert store.get_job(job_id).schedule["workers"] == 2
+    grown = [e for e in store.list_events(job_id, limit=100)[0] if e.type == "scheduled"]
+    assert [e.data["workers"] for e in grown] == [2]

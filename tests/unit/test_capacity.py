@@ -58,3 +58,14 @@ def test_running_workers_are_placed_on_demand_first_and_shapes_come_from_the_con
     assert shape == Shape(2, 4, gpu=True, cpus=1.0, resources={"spot": 1.0})
     assert shape.describe() == "2-4 worker(s) of GPU: 1, spot: 1"
     assert shape_of(None) == Shape(1, 1)
+
+
+def test_the_speedup_curve_is_fitted_to_the_throughput_measured_at_two_sizes():
+    from eft.service.policy import speedup_curve
+
+    assert speedup_curve({2: 100.0}, 4) is None  # one size: nothing to fit
+    linear = speedup_curve({1: 100.0, 2: 200.0}, 4)
+    assert linear == (1.0, 2.0, 3.0, 4.0)
+    poor = speedup_curve({1: 100.0, 4: 200.0}, 4)  # 4 workers at 2x: s = 1/3
+    assert poor[3] == 2.0 and 1.4 < poor[1] < 1.6
+    assert speedup_curve({1: 100.0, 2: 90.0}, 3) == (1.0, 1.0, 1.0)  # slower on more: no gain
