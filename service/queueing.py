@@ -134,7 +134,7 @@ def cluster_plan(store: Store, settings: Settings, nodes: list[Node] | None) -> 
         shape = shapes[job.id]
         if shape.min_workers > picture.ceiling(picture.pools_for(shape)):
             continue  # can never be placed here: stays queued, its reason says why
-        curve = speedup_curve(measured.get(job.id, {}), shape.max_workers)
+        curve = speedup_curve(measured.get(job.id, {}), shape.max_workers) if settings.scheduler_goodput else None
         demands.append(capacity.demand(
             job.id, job.tenant, shape, picture, arrival=order, priority=_priority((job.request or {}).get("priority")),
             workers=holding.get(job.id, 0), speedup=curve,

@@ -150,6 +150,9 @@ class Settings(BaseSettings):
         default_factory=Prices, description="Prices per worker hour for estimates and usage, as JSON: "
         '{"gpu_hour": 2.5, "spot_gpu_hour": 0.9, "cpu_hour": 0.05, "spot_cpu_hour": 0.02, "currency": "USD"}; '
         "0 (the default) reports hours only.")
+    scheduler_goodput: bool = Field(
+        True, description="Size elastic jobs by their measured scaling (tokens/s per world size they have run "
+        "at): a job that is no faster on more workers is not grown. Off: every job counts as scaling linearly.")
     resize_cost_s: float = Field(
         20.0, ge=0, description="What resizing a running job costs it (checkpoint, restart, reload): the "
         "scheduler grows a running job only when the time it saves exceeds twice this.")

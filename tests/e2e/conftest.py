@@ -131,8 +131,11 @@ def service(ray_cluster, tmp_path_factory):
         # The custom resource the spot-node tests label their nodes with.
         "EFT_ALLOWED_WORKER_RESOURCES": '["eft_test_spot"]',
         "EFT_SPOT_RESOURCES": '["eft_test_spot"]',
-        # Jobs here last a minute or two: growing always pays.
+        # Jobs here last a minute or two: growing always pays. And on two shared cores two
+        # workers are no faster than one: measured goodput would (rightly) keep an elastic job
+        # at one worker, and these tests are about the resizes themselves.
         "EFT_RESIZE_COST_S": "0",
+        "EFT_SCHEDULER_GOODPUT": "false",
         # The model servers take no CPU of the cluster's (training tests count them) and
         # scale back to zero soon after the tests that chat with them.
         "EFT_INFERENCE_CPUS": "0",
