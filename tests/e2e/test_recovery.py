@@ -278,9 +278,9 @@ def test_elastic_job_grows_makes_room_for_a_higher_priority_job_and_loses_nothin
     # (3) A node joins (it takes a while to start: the job trains on one worker meanwhile): the
     # scheduler gives the job the new slot and it grows onto it.
     second = spot_nodes.start()
-    first_steps = [m for m in _get(url, jid, "/metrics") if "loss" in m["values"]]
-    assert first_steps and all(m["values"]["world_size"] == 1 for m in first_steps)
     grown = _until("the job to grow", _event(url, jid, "resumed", lambda e: e["data"]["world_size"] == 2))
+    before = [m for m in _get(url, jid, "/metrics") if "loss" in m["values"] and m["step"] <= grown["data"]["step"]]
+    assert before and all(m["values"]["world_size"] == 1 for m in before)  # it started on one worker
     _until("steps on two workers", lambda: _step_at_least(url, jid, grown["data"]["step"] + 5))
 
     # (2) A high-priority job on the full cluster: the elastic job shrinks to its minimum for it.
