@@ -273,7 +273,7 @@ def test_elastic_job_grows_makes_room_for_a_higher_priority_job_and_loses_nothin
                            checkpoint={"every_steps": 50}, hyperparameters=gentle))
     reference = _post(url, _body("elastic-reference", ELASTIC_STEPS, workers=1, hyperparameters=gentle))
     jid = job["id"]
-    _until("the job on its one slot", lambda: _get(url, jid)["status"] == "running")
+    _until("training on one worker", lambda: _step_at_least(url, jid, 1))
 
     # (3) A node joins (it takes a while to start: the job trains on one worker meanwhile): the
     # scheduler gives the job the new slot and it grows onto it.
