@@ -11,6 +11,8 @@ import threading
 
 import pytest
 
+from test_scheduler import unknown_capacity
+
 from eft.service.launcher import RayJobState
 from eft.service.reporter import StoreReporter
 from eft.service.scheduler import Scheduler
@@ -101,7 +103,7 @@ def test_a_database_outage_mid_job_loses_nothing_and_ends_the_job_once(proxied_u
     url, proxy = proxied_url
     store = Store(url)
     launcher = RecordingLauncher()
-    scheduler = Scheduler(store, launcher, Settings(dispatch_grace_s=3600), validate_ok)
+    scheduler = Scheduler(store, launcher, Settings(dispatch_grace_s=3600), validate_ok, nodes=unknown_capacity)
     job = store.create_job(tenant="t", request={"model": "tiny-llama", "training_file": "t.jsonl"})
     scheduler.tick()
     job = store.get_job(job.id)

@@ -80,8 +80,13 @@ def test_the_reporter_pickles_without_its_connection(running, database_url):
 
 @pytest.fixture(scope="module")
 def local_ray():
+    """A local Ray for the sink actor; in a whole-suite run the e2e tests' cluster is already up
+    in this process (a session fixture), and the sink takes no CPU of it."""
     import ray
 
+    if ray.is_initialized():
+        yield
+        return
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()

@@ -17,6 +17,12 @@ pytestmark = pytest.mark.integration
 REQUEST = {"model": "tiny-llama", "training_file": "t.jsonl"}
 
 
+def unknown_capacity():
+    """Capacity unknown: these tests are about job limits and claims, whatever Ray this process
+    may be connected to (a whole-suite run has the e2e tests' cluster up)."""
+    return None
+
+
 class RecordingLauncher:
     def __init__(self, fail: bool = False):
         self.submitted: list[str] = []
@@ -63,7 +69,8 @@ def store(database_url):
 def _scheduler(store, launcher, **settings):
     # A Ray Job missing right after its claim counts as lost at once here (no submit is on its
     # way in these tests); the grace itself has its own test.
-    return Scheduler(store, launcher, Settings(**{"dispatch_grace_s": 1e-6, **settings}), validate_ok)
+    return Scheduler(store, launcher, Settings(**{"dispatch_grace_s": 1e-6, **settings}), validate_ok,
+                     nodes=unknown_capacity)
 
 
 def _queued(store, tenant="t", n=1):
@@ -152,7 +159,7 @@ def test_restart_budget_comes_from_the_job(store):
         cfg, stats = validate_ok(job, settings)
         return dataclasses.replace(cfg, max_restarts=0), stats
 
-    scheduler = Scheduler(store, launcher, Settings(dispatch_grace_s=1e-6), validate_no_restarts)
+    scheduler = Scheduler(store, launcher, Settings(dispatch_grace_s=1e-6), validate_no_restarts, nodes=unknown_capacity)
     scheduler.tick()
     launcher.states.clear()
     scheduler.tick()
@@ -179,7 +186,7 @@ def test_user_error_in_validation_fails_without_dispatch(store):
 
     launcher = RecordingLauncher()
     job, = _queued(store)
-    Scheduler(store, launcher, Settings(), validate_bad).tick()
+    Scheduler(store, launcher, Settings(), validate_bad, nodes=unknown_capacity).tick()
     failed = store.get_job(job.id)
     assert (failed.status, failed.error_code, failed.error_param) == (
         JobStatus.failed, "user_error.invalid_data", "training_file")
@@ -272,7 +279,7 @@ def test_a_slow_validation_never_requeues_a_job_another_replica_dispatched(store
         first.tick()  # A: validating -> queued -> running, attempt 1, submitted
         return validate_ok(job, settings)
 
-    second = Scheduler(store, launcher, Settings(), validate_slowly)
+    second = Scheduler(store, launcher, Settings(), validate_slowly, nodes=unknown_capacity)
     second.tick()
     after = store.get_job(job.id)
     assert after.status is JobStatus.running and after.attempt == 1
