@@ -64,6 +64,7 @@ class ClusterPlan:
     jobs: dict[str, JobRecord]
     decisions: dict[str, Decision]
     held: dict[str, int]  # slots the service's active jobs hold, per pool
+    holding: dict[str, int]  # workers each active job holds (or is resizing to)
     #: Slots a job may start on now, per pool: free in Ray and claimed by no active job (one
     #: shrinking for it still holds its slots), plus what the autoscaler may still add.
     free: dict[str, int]
@@ -144,11 +145,11 @@ def cluster_plan(store: Store, settings: Settings, nodes: list[Node] | None) -> 
     ceilings = [capacity.Pool(p.name, p.ceiling, p.spot) for p in planned.values()]
     decisions = plan(ceilings, demands, tenants(settings), policy="elastic", resize_cost_s=settings.resize_cost_s)
     jobs = {j.id: j for j in (*queued, *active, *paused)}
-    # What active jobs claim: a growing job the size it was given, a starting one its minimum.
-    claims = capacity.place_held(picture, [(shapes[j.id], holding[j.id]) for j in active])
-    free = {name: max(0, min(picture.free_now.get(name, 0), picture.total.get(name, 0) - claims.get(name, 0)))
+    # Free to start on: free in Ray and claimed by no active job (`held` counts a growing job at
+    # the size it was given, a starting one at its minimum), plus what the autoscaler may add.
+    free = {name: max(0, min(picture.free_now.get(name, 0), picture.total.get(name, 0) - held.get(name, 0)))
             + max(0, (pool.max_slots or 0) - picture.total.get(name, 0)) for name, pool in picture.pools.items()}
-    return ClusterPlan(picture, shapes, jobs, decisions, held, free)
+    return ClusterPlan(picture, shapes, jobs, decisions, held, holding, free)
 
 
 def waiting_reason(cluster: ClusterPlan, job_id: str) -> tuple[str, int, int]:
@@ -230,7 +231,7 @@ def _slots_free_at(store: Store, cluster: ClusterPlan, job_id: str, missing: int
         return now
     running = [j for j in cluster.jobs.values() if j.status in ACTIVE and cluster.picture.pools_for(cluster.shapes[j.id]) & names]
     latest = store.latest_metric_values(j.id for j in running)
-    finishes = sorted((f, max(cluster.shapes[j.id].min_workers, j.num_workers or 0)) for j in running
+    finishes = sorted((f, cluster.holding[j.id]) for j in running
                       if (f := progress_fields(j, latest.get(j.id), now)["estimated_finish"]) is not None)
     freed = 0
     for finish, workers in finishes:
