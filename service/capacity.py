@@ -7,7 +7,10 @@ custom resource (one `spot` unit per worker). A pool's slots are those free now 
 service's own running jobs hold (the policy plans them all), never more than its nodes have;
 `EFT_NODE_GROUPS` adds the autoscaler's maximum per group, so a job whose minimum fits once a
 group has grown is admitted and Ray's autoscaler adds the nodes. A job can use the pools whose
-nodes have what each of its workers asks for (a GPU, its custom resources).
+nodes have what each of its workers asks for (a GPU, its custom resources) and, for a GPU job,
+whose GPUs have at least the memory the planner predicted per worker (by the GPU type Ray reports,
+`GPU_MEMORY_GB`, `EFT_GPU_MEMORY_BY_TYPE`); once running, a GPU job stays on the GPU type it
+started on (its workers are pinned to it: data-parallel ranks on mixed GPUs run at the slowest's pace).
 
 `snapshot()` reads Ray (the service's replicas are Ray actors); the rest is pure and is what the
 scheduler's tests drive with made-up nodes.
@@ -27,6 +30,16 @@ log = logging.getLogger("eft.capacity")
 
 STANDARD = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 
+#: GB of memory of one GPU, by the accelerator type Ray reports for it (`accelerator_type:<type>`,
+#: ray.util.accelerators). Where one name covers several sizes, the smallest: Ray reports every
+#: A100 as `A100`, so an 80 GB one is `A100-80G` only when its nodes are labelled so, or when
+#: `EFT_GPU_MEMORY_BY_TYPE` says `{"A100": 80}`.
+GPU_MEMORY_GB: dict[str, float] = {
+    "K80": 12, "P4": 8, "P100": 16, "V100": 16, "T4": 16, "A10G": 24, "L4": 24, "L40S": 48,
+    "A100": 40, "A100-40G": 40, "A100-80G": 80, "H100": 80, "H20": 96, "H200": 141, "B200": 180,
+    "GB200": 186, "B300": 288, "GB300": 288, "RTX-PRO-6000": 96, "AMD-Instinct-MI300X-OAM": 192,
+}
+
 
 @dataclass(frozen=True)
 class Node:
@@ -45,12 +58,17 @@ class Shape:
     gpu: bool = False
     cpus: float = 1.0
     resources: Mapping[str, float] = field(default_factory=dict)
+    #: The planner's predicted memory of one worker, GB (GPU jobs): GPUs with less do not qualify.
+    memory_gb: float | None = None
+    #: The GPU type a running job's workers are pinned to (`jobs.schedule`), if any.
+    gpu_type: str | None = None
 
     def describe(self) -> str:
         needs = {"GPU": 1} if self.gpu else {"CPU": self.cpus}
         needs.update(self.resources)
         size = str(self.min_workers) if self.min_workers == self.max_workers else f"{self.min_workers}-{self.max_workers}"
-        return f"{size} worker(s) of {', '.join(f'{k}: {v:g}' for k, v in needs.items())}"
+        memory = f" with {self.memory_gb:.1f} GB" if self.gpu and self.memory_gb else ""
+        return f"{size} worker(s) of {', '.join(f'{k}: {v:g}' for k, v in needs.items())}{memory}"
 
 
 @dataclass
@@ -63,22 +81,51 @@ class Picture:
     #: Slots free now (not counting what the service's jobs hold), and all the nodes' slots.
     free_now: dict[str, int] = field(default_factory=dict)
     total: dict[str, int] = field(default_factory=dict)
+    #: Each GPU pool's GPU type and the memory of one of its GPUs, GB (None: not known).
+    gpu_types: dict[str, str | None] = field(default_factory=dict)
+    gpu_memory: dict[str, float | None] = field(default_factory=dict)
+
+    def kind_fits(self, shape: Shape, name: str) -> bool:
+        gpu, resources = self.kinds[name]
+        return gpu == shape.gpu and set(shape.resources) <= resources
+
+    def memory_fits(self, shape: Shape, name: str) -> bool:
+        memory = self.gpu_memory.get(name)
+        return not shape.gpu or shape.memory_gb is None or memory is None or memory >= shape.memory_gb
 
     def pools_for(self, shape: Shape) -> frozenset[str]:
-        return frozenset(name for name, (gpu, resources) in self.kinds.items()
-                         if gpu == shape.gpu and set(shape.resources) <= resources)
+        return frozenset(name for name in self.kinds
+                         if self.kind_fits(shape, name) and self.memory_fits(shape, name)
+                         and (shape.gpu_type is None or self.gpu_types.get(name) == shape.gpu_type))
+
+    def gpu_type_of(self, placement: Mapping[str, int]) -> str | None:
+        """The one GPU type of the pools in `placement`, if they are GPU pools of a known type."""
+        types = {self.gpu_types.get(p) for p, n in placement.items() if n and self.kinds.get(p, (False,))[0]}
+        return next(iter(types)) if len(types) == 1 and None not in types else None
 
     def ceiling(self, pools: Iterable[str]) -> int:
         return sum(self.pools[p].ceiling for p in pools)
 
 
-def shape_of(config: Mapping[str, Any] | None) -> Shape:
-    """A validated job's worker shape, from its training config."""
+def shape_of(config: Mapping[str, Any] | None, plan: Mapping[str, Any] | None = None,
+             schedule: Mapping[str, Any] | None = None) -> Shape:
+    """A validated job's worker shape, from its training config, its plan (the predicted memory
+    per worker) and, once dispatched, its schedule (the GPU type it is pinned to)."""
     config = config or {}
     low = int(config.get("min_workers") or 1)
+    memory = (plan or {}).get("predicted_memory_gb")
     return Shape(min_workers=low, max_workers=max(low, int(config.get("max_workers") or low)),
                  gpu=bool(config.get("use_gpu")), cpus=float(config.get("cpus_per_worker") or 1.0),
-                 resources={k: float(v) for k, v in (config.get("resources_per_worker") or {}).items()})
+                 resources={k: float(v) for k, v in (config.get("resources_per_worker") or {}).items()},
+                 memory_gb=float(memory) if memory else None, gpu_type=(schedule or {}).get("accelerator_type"))
+
+
+def gpu_memory_gb(gpu_type: str | None, settings: Settings) -> float | None:
+    """The memory of one GPU of `gpu_type`, GB: the operator's table over the built-in one."""
+    if gpu_type is None:
+        return None
+    table = {**GPU_MEMORY_GB, **settings.gpu_memory_by_type}
+    return float(table[gpu_type]) if gpu_type in table else None
 
 
 def _kind(node: Node, custom: frozenset[str]) -> tuple[bool, frozenset[str]]:
@@ -92,11 +139,16 @@ def _slots(resources: Mapping[str, float], kind: tuple[bool, frozenset[str]]) ->
     return max(0, int(math.floor(min(counts) + 1e-9)))
 
 
-def _pool_name(kind: tuple[bool, frozenset[str]], node: Node) -> str:
+def _gpu_type(node: Node) -> str | None:
+    # Ray marks a GPU node with its type as a resource (`accelerator_type:H100`); a node labelled
+    # with a more precise size as well (`A100-80G` beside `A100`) goes by the longer name.
+    types = sorted((r.split(":", 1)[1] for r in node.total if r.startswith("accelerator_type:")), key=lambda t: (-len(t), t))
+    return types[0] if types and node.total.get("GPU", 0) > 0 else None
+
+
+def _pool_name(kind: tuple[bool, frozenset[str]], gpu_type: str | None) -> str:
     gpu, custom = kind
-    # Ray marks a GPU node with its type as a resource (`accelerator_type:H100`).
-    types = sorted(r.split(":", 1)[1] for r in node.total if r.startswith("accelerator_type:"))
-    base = (types[0] if types else "gpu") if gpu else "cpu"
+    base = (gpu_type or "gpu") if gpu else "cpu"
     return "+".join([base, *sorted(custom)])
 
 
@@ -107,10 +159,13 @@ def pools(nodes: Iterable[Node], settings: Settings, held: Mapping[str, int] | N
     total: dict[str, int] = {}
     free: dict[str, int] = {}
     kinds: dict[str, tuple[bool, frozenset[str]]] = {}
+    types: dict[str, str | None] = {}
     for node in nodes:
         kind = _kind(node, custom)
-        name = _pool_name(kind, node)
+        gpu_type = _gpu_type(node)
+        name = _pool_name(kind, gpu_type)
         kinds[name] = kind
+        types[name] = gpu_type
         total[name] = total.get(name, 0) + _slots(node.total, kind)
         free[name] = free.get(name, 0) + _slots(node.available, kind)
     result: dict[str, Pool] = {}
@@ -119,11 +174,13 @@ def pools(nodes: Iterable[Node], settings: Settings, held: Mapping[str, int] | N
         result[name] = Pool(name, slots, spot=bool(kind[1] & spot_marks))
     for group, spec in settings.node_groups.items():
         kind = (spec.gpus_per_node > 0, frozenset(r for r in spec.resources if r in custom))
-        name = next((n for n, k in kinds.items() if k == kind), None)
+        gpu_type = spec.gpu_type if kind[0] else None
+        name = next((n for n, k in kinds.items() if k == kind and (gpu_type is None or types.get(n) == gpu_type)), None)
         ceiling = spec.max_nodes * spec.slots_per_node
         if name is None:
-            name = group
+            name = _pool_name(kind, gpu_type) if gpu_type else group
             kinds[name] = kind
+            types[name] = gpu_type
             total[name] = 0
             free[name] = 0
             result[name] = Pool(name, 0, spot=spec.spot or bool(kind[1] & spot_marks), max_slots=ceiling)
@@ -131,7 +188,8 @@ def pools(nodes: Iterable[Node], settings: Settings, held: Mapping[str, int] | N
             pool = result[name]
             result[name] = Pool(name, pool.slots, spot=pool.spot or spec.spot,
                                 max_slots=(pool.max_slots or 0) + ceiling)
-    return Picture(result, kinds, free, total)
+    memory = {name: gpu_memory_gb(types.get(name), settings) for name in kinds if kinds[name][0]}
+    return Picture(result, kinds, free, total, {n: types.get(n) for n in kinds if kinds[n][0]}, memory)
 
 
 def place_held(picture: Picture, running: Iterable[tuple[Shape, int]]) -> dict[str, int]:

@@ -21,7 +21,7 @@ from eft.service import jsonlog
 from eft.service.reporter import StoreReporter
 from eft.service import credentials
 from eft.service.settings import Settings, get_settings, redacted_url
-from eft.service.store import Store
+from eft.service.store import JobRecord, Store
 from eft.training import driver
 from eft.training.config import TrainConfig
 from eft.training.reporting import RunSpec
@@ -81,7 +81,14 @@ def run(job_id: str, attempt: int) -> int:
         return 0
     # One engine per process: the driver's reporter shares this store.
     reporter = StoreReporter(settings.resolved_database_url, job_id, attempt, store=store)
-    return driver.run(TrainConfig.from_dict(job.config or {}), run_spec(job, settings), reporter)
+    return driver.run(train_config(job), run_spec(job, settings), reporter)
+
+
+def train_config(job: JobRecord) -> TrainConfig:
+    """The job's TrainConfig, placed on the GPU type the cluster scheduler pinned it to (it plans
+    the job's growth there too)."""
+    pinned = (job.schedule or {}).get("accelerator_type")
+    return TrainConfig.from_dict({**(job.config or {}), **({"accelerator_type": pinned} if pinned else {})})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -225,7 +225,39 @@ def plan(pools: Iterable[Pool], demands: Iterable[Demand], tenants: Mapping[str,
         return _plan_fixed(pools, jobs, None)
     if policy == "static":
         return _plan_fixed(pools, jobs, tenants)
-    return _plan_elastic(pools, jobs, tenants, resize_cost_s)
+    decisions = _plan_elastic(pools, jobs, tenants, resize_cost_s)
+    waiting = _worth_waiting(jobs, decisions, resize_cost_s)
+    if waiting:
+        finishing, eta_s = waiting
+        starters = [j for j in jobs if not j.workers and decisions[j.id].runs]
+        decisions = _plan_elastic(pools, [j for j in jobs if j.workers or not decisions[j.id].runs], tenants,
+                                  resize_cost_s)
+        for job in starters:
+            decisions[job.id] = Decision(job.id, 0, f"waiting: a running job finishes in ~{eta_s:.0f} s, "
+                                         "sooner than shrinking others would pay off", because_of=finishing)
+    return decisions
+
+
+def _worth_waiting(jobs: list[Demand], decisions: Mapping[str, Decision], resize_cost_s: float) -> tuple[str, float] | None:
+    """Whether the jobs this plan starts should rather wait for running jobs to finish than take
+    their room by shrinking others now: the starters' summed wait until enough slots free up is
+    less than the restarts the shrinks cost (each shrunk job pays two: the shrink and growing back
+    later). Returns the job whose completion frees the room and when, or None to go ahead."""
+    if resize_cost_s <= 0:
+        return None
+    shrunk = [j for j in jobs if decisions[j.id].workers < j.workers]
+    starters = [j for j in jobs if not j.workers and decisions[j.id].runs]
+    if not shrunk or not starters:
+        return None
+    needed = sum(j.workers - decisions[j.id].workers for j in shrunk)
+    steady = [j for j in jobs if j.workers and decisions[j.id].workers >= j.workers and j.remaining_s is not None]
+    freed = 0
+    for job in sorted(steady, key=lambda j: (j.remaining_s / j.rate(j.workers), j.id)):
+        freed += job.workers
+        if freed >= needed:
+            eta_s = job.remaining_s / job.rate(job.workers)
+            return (job.id, eta_s) if eta_s * len(starters) < 2 * resize_cost_s * len(shrunk) else None
+    return None
 
 
 def _plan_fixed(pools: dict[str, Pool], jobs: list[Demand], tenants: dict[str, Tenant] | None) -> dict[str, Decision]:

@@ -108,7 +108,8 @@ def cluster_plan(store: Store, settings: Settings, nodes: list[Node] | None) -> 
     active = store.list_jobs(statuses=ACTIVE, oldest_first=True, limit=limit)[0]
     paused = [j for j in store.list_jobs(statuses=[JobStatus.paused], oldest_first=True, limit=limit)[0]
               if scheduler_paused(j)]
-    shapes = {j.id: capacity.shape_of(j.config) for j in (*queued, *active, *paused)}
+    shapes = {j.id: capacity.shape_of(j.config, j.plan, j.schedule if j.status in ACTIVE else None)
+              for j in (*queued, *active, *paused)}
     # A running job holds what it last reported (its minimum until its workers are up), or the
     # size it was given while it resizes to it: its new group holds those slots before it reports.
     holding = {j.id: max(shapes[j.id].min_workers, j.num_workers or 0, int((j.schedule or {}).get("workers") or 0))
@@ -159,6 +160,14 @@ def waiting_reason(cluster: ClusterPlan, job_id: str) -> tuple[str, int, int]:
     ceiling = cluster.picture.ceiling(names)
     free = sum(max(0, cluster.picture.pools[p].ceiling - cluster.held.get(p, 0)) for p in names)
     if not names:
+        small = sorted(p for p in cluster.picture.kinds
+                       if cluster.picture.kind_fits(shape, p) and not cluster.picture.memory_fits(shape, p))
+        if small:
+            have = ", ".join(f"{cluster.picture.gpu_types[p]} ({cluster.picture.gpu_memory[p]:g} GB)" for p in small)
+            return (f"its workers need {shape.memory_gb:.1f} GB of GPU memory each (the planner's prediction for "
+                    f"its configuration), more than this cluster's GPUs have: {have}; it starts once nodes with "
+                    "larger GPUs join (add them, or a group with their gpu_type to EFT_NODE_GROUPS; if a GPU type "
+                    "has more memory than assumed, say so in EFT_GPU_MEMORY_BY_TYPE)", shape.min_workers, 0)
         return (f"no node of this cluster can hold one of its workers ({shape.describe()}); it starts once "
                 "nodes with those resources join (add them, or a group to EFT_NODE_GROUPS)", shape.min_workers, 0)
     where = ", ".join(names)

@@ -169,7 +169,10 @@ class Scheduler:
         for job in self.store.get_jobs(chosen):
             if job.status is JobStatus.queued:
                 if cluster is not None:
-                    self._record_decision(job, cluster.decisions[job.id], announce=False)
+                    decision = cluster.decisions[job.id]
+                    # A GPU job is pinned to the GPU type its minimum was placed on.
+                    gpu_type = cluster.picture.gpu_type_of(decision.placement) if cluster.shapes[job.id].gpu else None
+                    self._record_decision(job, decision, announce=False, gpu_type=gpu_type)
                 self._dispatch_one(job)
 
     def _apply_to_running(self, cluster: queueing.ClusterPlan) -> None:
@@ -194,13 +197,15 @@ class Scheduler:
                 continue
             shape = cluster.shapes[job_id]
             if shape.min_workers < shape.max_workers:
-                self._record_decision(job, decision, announce=True)
+                self._record_decision(job, decision, announce=True, gpu_type=shape.gpu_type)
 
-    def _record_decision(self, job: JobRecord, decision: Any, announce: bool) -> None:
+    def _record_decision(self, job: JobRecord, decision: Any, announce: bool, gpu_type: str | None = None) -> None:
         schedule = {"workers": decision.workers, "reason": decision.reason, "because_of": decision.because_of,
                     "placement": dict(decision.placement)}
+        if gpu_type:
+            schedule["accelerator_type"] = gpu_type
         previous = job.schedule or {}
-        if previous.get("workers") == decision.workers:
+        if previous.get("workers") == decision.workers and previous.get("accelerator_type") == schedule.get("accelerator_type"):
             return
         if not self.store.set_schedule(job.id, schedule, statuses=(JobStatus.queued, JobStatus.running)):
             return

@@ -54,6 +54,9 @@ class NodeGroup(BaseModel):
     slots_per_node: int = Field(1, ge=1, description="Workers one node holds (its GPUs, or CPUs / cpus_per_worker).")
     max_nodes: int = Field(0, ge=0)
     spot: bool = False
+    #: The GPU type its nodes have, as Ray names it (`H100`, `A100-80G`, ...): the memory of one
+    #: GPU decides which jobs its slots may hold before any of its nodes is up.
+    gpu_type: str | None = None
 
 
 class Settings(BaseSettings):
@@ -155,7 +158,12 @@ class Settings(BaseSettings):
         "at): a job that is no faster on more workers is not grown. Off: every job counts as scaling linearly.")
     resize_cost_s: float = Field(
         20.0, ge=0, description="What resizing a running job costs it (checkpoint, restart, reload): the "
-        "scheduler grows a running job only when the time it saves exceeds twice this.")
+        "scheduler grows a running job only when the time it saves exceeds twice this, and a new job waits "
+        "for a running job's completion rather than shrink others when that wait costs less.")
+    gpu_memory_by_type: dict[str, float] = Field(
+        default_factory=dict, description="GB of memory of one GPU per Ray accelerator type, as JSON "
+        '({"A100": 80}), over the built-in table (eft.service.capacity.GPU_MEMORY_GB): a GPU job is placed '
+        "only on GPU types with at least its planned memory per worker.")
     spot_resources: list[str] = Field(
         default_factory=lambda: ["spot"], description="Custom resources that mark a node as spot "
         "(its slots are used for growth, the minimums go on on-demand nodes first).")

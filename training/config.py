@@ -63,6 +63,9 @@ class TrainConfig:
     cpus_per_worker: float = 1.0
     #: Extra Ray resources per worker (e.g. {"spot": 1} to place workers on spot nodes only).
     resources_per_worker: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: The GPU type (Ray's accelerator type) the workers are placed on, as the cluster scheduler
+    #: chose it; None: any.
+    accelerator_type: str | None = None
     strategy: str = "ddp"
     checkpoint_every_steps: int = 50
     #: Validation loss every this many steps (0: only at the end); early stopping after this

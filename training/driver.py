@@ -412,6 +412,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list[Any], sink: Any, resize_inte
                 "CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {}),
                 **cfg.resources_per_worker,
             },
+            accelerator_type=cfg.accelerator_type if cfg.use_gpu else None,
             elastic_resize_monitor_interval_s=resize_interval_s,
         ),
         run_config=RunConfig(

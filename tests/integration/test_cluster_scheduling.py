@@ -31,7 +31,7 @@ def validate_shape(job, settings):
     cfg = TrainConfig(job_id=job.id, model_path="m", training_file="t", validation_file=None, method="lora",
                       lora=None, total_steps=100, num_train_examples=10,
                       min_workers=shape.get("min", 1), max_workers=shape.get("max", shape.get("min", 1)),
-                      resources_per_worker=shape.get("resources", {}))
+                      resources_per_worker=shape.get("resources", {}), use_gpu=shape.get("gpu", False))
     return cfg, {"train_examples": 10}
 
 
@@ -255,3 +255,31 @@ def test_a_job_resizing_to_its_new_size_keeps_it_while_its_new_group_starts(stor
         assert store.get_job(job_id).schedule["workers"] == 2
     grown = [e for e in store.list_events(job_id, limit=100)[0] if e.type == "scheduled"]
     assert [e.data["workers"] for e in grown] == [2]
+
+
+def test_a_gpu_job_waits_for_a_gpu_type_with_its_planned_memory_and_is_pinned_to_the_one_it_starts_on(store):
+    nodes = [Node(id="a10g", total={"CPU": 8.0, "GPU": 4.0, "accelerator_type:A10G": 1.0},
+                  available={"CPU": 8.0, "GPU": 4.0, "accelerator_type:A10G": 1.0})]
+    scheduler, launcher = _scheduler(store, lambda: list(nodes))
+
+    def gpu_job(memory_gb: float) -> str:
+        return store.create_job(tenant="t", request={"model": "m", "training_file": "t.jsonl", "shape": {"gpu": True}},
+                                plan={"predicted_memory_gb": memory_gb}).id
+
+    big, small = gpu_job(52.0), gpu_job(20.0)
+    scheduler.tick()
+    assert _started(launcher) == {small}
+    assert store.get_job(small).schedule["accelerator_type"] == "A10G"
+    place = queueing.position(store, scheduler.settings, store.get_job(big), nodes=nodes)
+    assert "need 52.0 GB of GPU memory each" in place.reason and "A10G (24 GB)" in place.reason, place
+    assert "EFT_GPU_MEMORY_BY_TYPE" in place.reason and store.get_job(big).status is JobStatus.queued
+    # A node with larger GPUs joins: the big job starts there, pinned to it.
+    nodes.append(Node(id="h100", total={"CPU": 8.0, "GPU": 8.0, "accelerator_type:H100": 1.0},
+                      available={"CPU": 8.0, "GPU": 8.0, "accelerator_type:H100": 1.0}))
+    scheduler.tick()
+    assert _started(launcher) == {small, big}
+    assert store.get_job(big).schedule["accelerator_type"] == "H100"
+    # What its driver builds its Ray Train workers from (service/entrypoint.py): the type pinned.
+    from eft.service.entrypoint import train_config
+
+    assert train_config(store.get_job(big)).accelerator_type == "H100"

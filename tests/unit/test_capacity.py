@@ -69,3 +69,38 @@ def test_the_speedup_curve_is_fitted_to_the_throughput_measured_at_two_sizes():
     poor = speedup_curve({1: 100.0, 4: 200.0}, 4)  # 4 workers at 2x: s = 1/3
     assert poor[3] == 2.0 and 1.4 < poor[1] < 1.6
     assert speedup_curve({1: 100.0, 2: 90.0}, 3) == (1.0, 1.0, 1.0)  # slower on more: no gain
+
+
+def test_a_gpu_job_qualifies_only_for_gpu_types_with_its_planned_memory():
+    nodes = [_node(0, {"CPU": 16, "GPU": 8, "accelerator_type:H100": 1}),
+             _node(1, {"CPU": 16, "GPU": 4, "accelerator_type:A10G": 1}),
+             _node(2, {"CPU": 16, "GPU": 4, "accelerator_type:A100": 1}),
+             # Labelled with its size as well: the precise name wins.
+             _node(3, {"CPU": 16, "GPU": 4, "accelerator_type:A100": 1, "accelerator_type:A100-80G": 1})]
+    picture = pools(nodes, SETTINGS)
+    assert set(picture.pools) == {"H100", "A10G", "A100", "A100-80G"}
+    assert picture.gpu_memory == {"H100": 80, "A10G": 24, "A100": 40, "A100-80G": 80}
+    big = shape_of({"use_gpu": True, "min_workers": 2}, plan={"predicted_memory_gb": 52.3})
+    assert big.memory_gb == 52.3 and big.describe() == "2 worker(s) of GPU: 1 with 52.3 GB"
+    assert picture.pools_for(big) == {"H100", "A100-80G"}
+    assert picture.pools_for(shape_of({"use_gpu": True}, plan={"predicted_memory_gb": 20.0})) == set(picture.pools)
+    # A CPU job's planned memory is host memory: GPU sizes do not apply.
+    with_cpus = pools(nodes + [_node(5, {"CPU": 8})], SETTINGS)
+    assert with_cpus.pools_for(shape_of({}, plan={"predicted_memory_gb": 500.0})) == {"cpu"}
+    # The operator knows its A100s are the 80 GB ones; an unknown type is not held against a job.
+    told = pools(nodes + [_node(4, {"CPU": 8, "GPU": 8, "accelerator_type:MYSTERY": 1})],
+                 SETTINGS.model_copy(update={"gpu_memory_by_type": {"A100": 80}}))
+    assert told.pools_for(big) == {"H100", "A100-80G", "A100", "MYSTERY"}
+    # Once running, a job stays on the GPU type it was pinned to.
+    pinned = shape_of({"use_gpu": True}, plan={"predicted_memory_gb": 52.3}, schedule={"accelerator_type": "H100"})
+    assert picture.pools_for(pinned) == {"H100"}
+    assert picture.gpu_type_of({"H100": 2}) == "H100" and picture.gpu_type_of({"H100": 1, "A100-80G": 1}) is None
+
+
+def test_a_node_group_of_a_gpu_type_is_a_pool_of_that_type_before_its_nodes_exist():
+    settings = SETTINGS.model_copy(update={"node_groups": {
+        "h200": NodeGroup(gpus_per_node=8, slots_per_node=8, max_nodes=2, gpu_type="H200")}})
+    picture = pools([_node(0, {"CPU": 16, "GPU": 4, "accelerator_type:L4": 1})], settings)
+    assert picture.pools["H200"].slots == 0 and picture.pools["H200"].ceiling == 16
+    assert picture.gpu_memory == {"L4": 24, "H200": 141}
+    assert picture.pools_for(shape_of({"use_gpu": True}, plan={"predicted_memory_gb": 100.0})) == {"H200"}

@@ -96,6 +96,25 @@ def test_a_running_job_does_not_grow_when_the_time_saved_would_not_pay_for_a_res
     assert plan(pools, [job("q", lo=1, hi=4, remaining_s=100.0)], resize_cost_s=60.0)["q"].workers == 4
 
 
+def test_a_new_job_waits_for_a_completion_due_sooner_than_shrinking_would_pay() -> None:
+    pools = [Pool("gpu", 4)]
+    # The new job's worker fits only if e shrinks; f finishes in 60 s: the new job waits for f's
+    # slots rather than make e pay two restarts (shrink now, grow back later; 60 s each).
+    e = job("e", lo=1, hi=2, workers=2, remaining_s=36000.0)
+    f = job("f", lo=2, hi=2, workers=2, remaining_s=60.0)
+    new = job("n", lo=1, hi=1, at=1)
+    decisions = plan(pools, [e, f, new], resize_cost_s=60.0)
+    assert sizes(decisions) == {"e": 2, "f": 2, "n": 0}
+    assert decisions["n"].reason.startswith("waiting: a running job finishes") and decisions["n"].because_of == "f"
+    # Due later than the two restarts are worth: the room is made now.
+    decisions = plan(pools, [e, job("f", lo=2, hi=2, workers=2, remaining_s=600.0), new], resize_cost_s=60.0)
+    assert sizes(decisions) == {"e": 1, "f": 2, "n": 1}
+    assert decisions["e"].reason.startswith("shrink") and decisions["e"].because_of == "n"
+    # Unknown remaining work, or no restart cost: no waiting.
+    assert plan(pools, [e, job("f", lo=2, hi=2, workers=2), new], resize_cost_s=60.0)["n"].workers == 1
+    assert plan(pools, [e, f, new], resize_cost_s=0.0)["n"].workers == 1
+
+
 def test_fifo_blocks_behind_its_head_and_static_partitions_by_tenant() -> None:
     pools = [Pool("gpu", 4)]
     jobs = [job("r", "a", 2, 2, 0, workers=2), job("head", "a", 4, 4, 1), job("next", "b", 1, 1, 2)]
