@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -95,27 +96,43 @@ def run_attempt(cfg: TrainConfig, store_url: str) -> Run:
 @pytest.fixture(scope="module")
 def train(ray_cluster, tmp_path_factory):
     """`train(strategy, resume_workers=None, **overrides)`: one job (or, with `resume_workers`,
-    3 steps on 2 workers and a second job that resumes them on that many), run once per module."""
+    3 steps on 2 workers and a second job that resumes them on that many), run once per module.
+
+    Every run the module's tests ask for through it is started when the module starts, two at a
+    time (`train.runner`, which the tests' own runs go through too): a run spends part of its time
+    starting processes and waiting on Ray, so two side by side keep the cores busier than one.
+    Each run is the same whichever runs beside it (fp32 on CPU, one thread per worker)."""
     cache = tmp_path_factory.mktemp("token-cache")
     store_url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'jobs.db'}"
-    runs: dict[tuple, tuple[Run, ...]] = {}
+    runs: dict[tuple, Future] = {}
+    runner = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strategy-run")
 
-    def get(strategy: str, resume_workers: int | None = None, **overrides) -> tuple[Run, ...]:
+    def attempts(strategy: str, root: Path, name: str, resume_workers: int | None, overrides: dict) -> tuple[Run, ...]:
+        if resume_workers is None:
+            return (run_attempt(_config(strategy, root, cache, name, **overrides), store_url),)
+        first = run_attempt(_config(strategy, root, cache, name, total_steps=3), store_url)
+        # The same Ray Train run name: the second job resumes from the first's checkpoint.
+        rest = run_attempt(_config(strategy, root, cache, name, min_workers=resume_workers,
+                                   max_workers=resume_workers), store_url)
+        return (first, rest)
+
+    def submit(strategy: str, resume_workers: int | None = None, **overrides) -> Future:
         key = (strategy, resume_workers, tuple(sorted(overrides.items())))
         if key not in runs:
             root = tmp_path_factory.mktemp(strategy)
-            name = f"{strategy}-{len(runs)}"
-            if resume_workers is None:
-                runs[key] = (run_attempt(_config(strategy, root, cache, name, **overrides), store_url),)
-            else:
-                first = run_attempt(_config(strategy, root, cache, name, total_steps=3), store_url)
-                # The same Ray Train run name: the second job resumes from the first's checkpoint.
-                rest = run_attempt(_config(strategy, root, cache, name, min_workers=resume_workers,
-                                           max_workers=resume_workers), store_url)
-                runs[key] = (first, rest)
+            runs[key] = runner.submit(attempts, strategy, root, f"{strategy}-{len(runs)}", resume_workers, overrides)
         return runs[key]
 
-    return get
+    def get(strategy: str, resume_workers: int | None = None, **overrides) -> tuple[Run, ...]:
+        return submit(strategy, resume_workers, **overrides).result()
+
+    for strategy, workers in MATRIX.items():
+        submit(strategy, workers)
+    for strategy, overrides in OPTIONS.values():
+        submit(strategy, **overrides)
+    get.runner = runner
+    yield get
+    runner.shutdown(wait=True, cancel_futures=True)
 
 
 #: strategy -> the workers its second half resumes on (None: trains 6 steps uninterrupted).
@@ -215,7 +232,7 @@ def test_pause_and_resume_equals_the_undisturbed_run(resume_workers, train, tmp_
     (whole,) = train("ddp")
     root = tmp_path_factory.mktemp(f"pause-{resume_workers}")
     cfg = _config("ddp", root, root / "cache", f"pause-{resume_workers}")
-    paused, run = _paused_then_resumed(cfg, f"sqlite:///{root / 'jobs.db'}", resume_workers)
+    paused, run = train.runner.submit(_paused_then_resumed, cfg, f"sqlite:///{root / 'jobs.db'}", resume_workers).result()
     assert 1 <= paused.step < STEPS  # stopped part way, at its first check
     events = {e.type: e.data for e in run.events}
     assert events["paused"]["step"] == paused.step
@@ -238,13 +255,14 @@ def test_a_job_continued_from_anothers_checkpoint_equals_the_undisturbed_run(tra
     (whole,) = train("ddp")
     root = tmp_path_factory.mktemp("continue")
     store_url = f"sqlite:///{root / 'jobs.db'}"
-    first = run_attempt(_config("ddp", root / "a", root / "cache", "continue-a", total_steps=3), store_url)
+    first = train.runner.submit(run_attempt, _config("ddp", root / "a", root / "cache", "continue-a", total_steps=3),
+                                store_url).result()
     store = Store(store_url)
     (source,) = [c for c in store.list_checkpoints(first.job.id) if c["step"] == 3]
     store.close()
     cfg = _config("ddp", root / "b", root / "cache", "continue-b", init_from=source["path"], init_optimizer=True,
                   init_job=first.job.id, init_step=3)
-    continued = run_attempt(cfg, store_url)
+    continued = train.runner.submit(run_attempt, cfg, store_url).result()
     assert sorted(continued.losses) == [4, 5, 6]
     assert [continued.losses[s] for s in (4, 5, 6)] == [whole.losses[s] for s in (4, 5, 6)]
     (event,) = [e.data for e in continued.events if e.type == "continued"]

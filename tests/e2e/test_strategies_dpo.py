@@ -12,6 +12,7 @@ Ray Train workers, gloo on CPU, the bundled tiny Llama in fp32) on the bundled p
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 import torch
@@ -22,15 +23,21 @@ pytestmark = pytest.mark.e2e
 STEPS = 12
 LEARNING_RATE = 1e-3
 BETA = 0.5
+#: Full fine-tuning under DPO: the reference is a frozen copy of the model.
+FULL = {"method": "full", "lora": None, "min_workers": 1, "max_workers": 1, "learning_rate": 1e-4,
+        "total_steps": 4, "validation_file": None}
 
 
 @pytest.fixture(scope="module")
 def dpo(ray_cluster, tmp_path_factory):
+    """`dpo(strategy, **overrides)`: one DPO job, run once per module; the module's runs start
+    when it starts, two at a time (as in test_strategies.py)."""
     cache = tmp_path_factory.mktemp("token-cache")
     store_url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'jobs.db'}"
-    runs = {}
+    runs: dict[tuple, Future] = {}
+    runner = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpo-run")
 
-    def get(strategy: str, **overrides):
+    def submit(strategy: str, **overrides) -> Future:
         key = (strategy, tuple(sorted(overrides.items())))
         if key not in runs:
             root = tmp_path_factory.mktemp(f"dpo-{strategy}")
@@ -39,10 +46,16 @@ def dpo(ray_cluster, tmp_path_factory):
                           validation_file=str(REPO / "assets/data/demo/preference_valid.jsonl"),
                           objective="dpo", dpo_beta=BETA, num_train_examples=600, total_steps=STEPS,
                           learning_rate=LEARNING_RATE, global_batch_size=16, micro_batch_size=2, max_seq_len=96)
-            runs[key] = run_attempt(dataclasses.replace(cfg, **overrides), store_url)
+            runs[key] = runner.submit(run_attempt, dataclasses.replace(cfg, **overrides), store_url)
         return runs[key]
 
-    return get
+    def get(strategy: str, **overrides):
+        return submit(strategy, **overrides).result()
+
+    for strategy, overrides in (("ddp", {}), ("fsdp", {}), ("ddp", FULL)):
+        submit(strategy, **overrides)
+    yield get
+    runner.shutdown(wait=True, cancel_futures=True)
 
 
 def test_lora_dpo_raises_the_held_out_margin(dpo):
@@ -76,8 +89,7 @@ def test_fsdp_agrees_with_ddp(dpo):
 
 
 def test_full_dpo_with_a_frozen_reference(dpo):
-    run = dpo("ddp", method="full", lora=None, min_workers=1, max_workers=1, learning_rate=1e-4,
-              total_steps=4, validation_file=None)
+    run = dpo("ddp", **FULL)
     assert run.losses[1] == pytest.approx(0.6931, abs=1e-3)  # the policy starts as its reference
     assert run.losses[4] < run.losses[1]
     assert "model.layers.0.self_attn.q_proj.weight" in run.weights  # every weight was trained

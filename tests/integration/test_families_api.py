@@ -18,6 +18,9 @@ from eft.service.scheduler import Scheduler
 from eft.service.settings import get_settings
 from eft.service.store import Store
 from eft.service.validation import TEMPLATE_SAMPLE, validate_job
+from eft.training.families import model_name
+from eft.training.family_specs import FAMILIES
+from eft.types.jobs import JobStatus
 from tests.integration.conftest import validate_pending
 
 pytestmark = pytest.mark.integration
@@ -162,6 +165,23 @@ def _plan(clients, body):
 @pytest.fixture
 def chat_file(eft_home):
     return write(eft_home, "chat.jsonl", [chat(i) for i in range(8)])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_familys_data_is_validated_and_planned_by_the_service(family, service, chat_file, eft_home):
+    """What a job of each family goes through before it trains (the e2e test trains one family per
+    architecture): the request's checks, the plan, and validation tokenising its records under
+    its own template (chat) or as text, every record kept."""
+    clients, store, settings = service
+    chat_model = bool(FAMILIES[family].get("chat_template"))
+    data = chat_file if chat_model else write(eft_home, "text.jsonl", [{"text": f"{i} comes before {i + 1}."}
+                                                                      for i in range(8)])
+    job = _plan(clients, {"model": model_name(family), "training_file": data})
+    validate_pending(store, settings)
+    done = store.get_job(job["id"])
+    assert done.status is JobStatus.queued, (done.status, done.error_message)
+    assert done.config["num_train_examples"] == 8 and done.plan["predicted_memory_gb"] > 0
+    assert done.config["lora"]["target_modules"]
 
 
 def test_attention_kernel_is_chosen_per_architecture(service, chat_file):
