@@ -225,28 +225,24 @@ def _paused_then_resumed(cfg: TrainConfig, store_url: str, resume_workers: int) 
     return paused, run
 
 
-@pytest.mark.parametrize("resume_workers", [2, 1])
-def test_pause_and_resume_equals_the_undisturbed_run(resume_workers, train, tmp_path_factory):
-    """Paused at once (checkpoint, workers released), resumed later: the same adapter as ddp's
-    undisturbed run, bitwise on as many workers, within round-off (rel L2 <= 1e-2) on fewer."""
+def test_pause_and_resume_equals_the_undisturbed_run(train, tmp_path_factory):
+    """Paused at once (checkpoint, workers released), resumed later on as many workers: the same
+    adapter as ddp's undisturbed run, bitwise. (Resuming on another world size is held to its
+    bounds by test_resume_at_another_world_size here and by the elastic job's resizes in
+    test_recovery.py.)"""
     (whole,) = train("ddp")
-    root = tmp_path_factory.mktemp(f"pause-{resume_workers}")
-    cfg = _config("ddp", root, root / "cache", f"pause-{resume_workers}")
-    paused, run = train.runner.submit(_paused_then_resumed, cfg, f"sqlite:///{root / 'jobs.db'}", resume_workers).result()
+    root = tmp_path_factory.mktemp("pause")
+    cfg = _config("ddp", root, root / "cache", "pause")
+    paused, run = train.runner.submit(_paused_then_resumed, cfg, f"sqlite:///{root / 'jobs.db'}", 2).result()
     assert 1 <= paused.step < STEPS  # stopped part way, at its first check
     events = {e.type: e.data for e in run.events}
     assert events["paused"]["step"] == paused.step
     assert events["resumed"]["step"] == paused.step and events["resumed"]["checkpoint_reason"] == "pause"
-    assert events["resumed"]["lost_steps"] == 0 and events["resumed"]["world_size"] == resume_workers
+    assert events["resumed"]["lost_steps"] == 0 and events["resumed"]["world_size"] == 2
     assert set(run.losses) == set(range(1, STEPS + 1))
     assert set(run.weights) == set(whole.weights)
-    if resume_workers == 2:
-        for name, tensor in whole.weights.items():
-            assert torch.equal(run.weights[name], tensor), name
-    else:
-        diff = torch.cat([(run.weights[n] - t).flatten() for n, t in whole.weights.items()])
-        norm = torch.cat([t.flatten() for t in whole.weights.values()])
-        assert float(diff.norm() / norm.norm()) <= 1e-2
+    for name, tensor in whole.weights.items():
+        assert torch.equal(run.weights[name], tensor), name
 
 
 def test_a_job_continued_from_anothers_checkpoint_equals_the_undisturbed_run(train, tmp_path_factory):
@@ -289,8 +285,9 @@ OPTIONS = {
     "qlora-8bit": ("ddp", {"method": "qlora", "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_bits=8)}),
     "qlora-4bit-fp4-checkpointing": ("ddp", {"method": "qlora", "gradient_checkpointing": True,
                                              "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_type="fp4")}),
-    "full-fine-tuning": ("ddp", {"method": "full", "lora": None, "learning_rate": 1e-3}),
 }
+# Full fine-tuning trains under FSDP through the service (test_families_jobs.py, a tied-embedding
+# model) and under DDP with DPO (test_strategies_dpo.py).
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
