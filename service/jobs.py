@@ -33,7 +33,7 @@ from eft.service.model_ids import checkpoint_model_id, fine_tuned_model_id, pars
 from eft.service import estimates, exports, queueing
 from eft.service.launcher import Launcher, RayJobState, stop_quietly
 from eft.service.progress import progress_fields
-from eft.service.quotas import check_quota, demand
+from eft.service.quotas import check_priority, check_quota, demand
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store
 from eft.service.validation import check_request, resolve_under_roots
@@ -131,6 +131,7 @@ class JobService:
             # A quick refusal before the request's checks; the binding check is repeated in the
             # insert's own serialized transaction.
             check_quota(self.store, principal.tenant, req, self.settings)
+            check_priority(principal.tenant, req, self.settings)
             inputs = check_request(req, self.settings)
             record = self.store.create_job(
                 tenant=principal.tenant, request=req.model_dump(mode="json"), name=req.name,

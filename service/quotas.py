@@ -105,3 +105,18 @@ def check_quota(store: Store, tenant: str, request: JobCreate, settings: Setting
         raise QuotaExceeded(f"this job asks for {gpus:g} GPUs and tenant {tenant!r} already uses "
                             f"{used_gpus:g} of {limits.max_gpus:g}: use fewer workers or wait",
                             "scaling.max_workers", retry)
+
+
+def check_priority(tenant: str, request: JobCreate, settings: Settings) -> None:
+    """Raise RequestInvalid when the job asks for a priority above its tenant's ceiling
+    (`EFT_TENANT_SHARES`' max_priority)."""
+    from eft.service.errors import Problem, RequestInvalid
+    from eft.service.policy import priority_value
+
+    share = settings.tenant_shares.get(tenant)
+    ceiling = share.max_priority if share is not None else 100
+    asked = priority_value(request.priority)
+    if asked > ceiling:
+        raise RequestInvalid(problems=[Problem(
+            "priority", "priority_over_limit", f"priority {request.priority!r} ({asked}) is above tenant "
+            f"{tenant!r}'s limit, {ceiling}: ask for {ceiling} or less (an operator sets it in EFT_TENANT_SHARES)")])

@@ -27,6 +27,9 @@ def _default_home() -> Path:
 class TenantShare(BaseModel):
     weight: float = Field(1.0, gt=0)
     guaranteed: int = Field(0, ge=0)
+    #: The highest priority this tenant's jobs may ask for (named ones count as low 0, normal 50,
+    #: high 100): a request above it is refused, naming the limit.
+    max_priority: int = Field(100, ge=0, le=100)
 
 
 class Prices(BaseModel):
@@ -138,8 +141,9 @@ class Settings(BaseSettings):
     max_running_jobs: int = Field(4, ge=1, description="Jobs dispatched at once, cluster-wide.")
     max_running_jobs_per_tenant: int = Field(2, ge=1)
     tenant_shares: dict[str, TenantShare] = Field(
-        default_factory=dict, description="Each tenant's weight in the cluster's fair share and the running "
-        'jobs it is guaranteed, as JSON: {"team-a": {"weight": 2, "guaranteed": 1}}; others weigh 1.')
+        default_factory=dict, description="Each tenant's weight in the cluster's fair share, the running "
+        "jobs it is guaranteed and the highest priority its jobs may ask for, as JSON: "
+        '{"team-a": {"weight": 2, "guaranteed": 1, "max_priority": 50}}; others weigh 1, up to priority 100.')
     scheduling: str = Field(
         "elastic", pattern="^(elastic|count)$", description="How queued jobs are admitted: `elastic` "
         "reads the cluster's capacity (Ray's nodes and `EFT_NODE_GROUPS`), starts a job only when its "

@@ -303,6 +303,29 @@ def test_a_created_job_calls_the_replicas_hook_once(eft_home, data):
     assert calls == [1]
 
 
+def test_a_priority_above_the_tenants_limit_is_refused_naming_it(data, service):
+    from fastapi.testclient import TestClient
+
+    from eft.api.app import create_app
+    from eft.service.jobs import JobService
+    from eft.service.launcher import RayJobsLauncher
+    from eft.service.settings import TenantShare
+
+    _, store, settings = service
+    capped = settings.model_copy(update={"tenant_shares": {"default": TenantShare(max_priority=50)}})
+    train = data("train.jsonl", [CHAT] * 3)
+    headers = dict(service[0].headers)
+    with TestClient(create_app(JobService(store, RayJobsLauncher(capped), capped)), headers=headers) as capped_client:
+        for priority in ("high", 51):
+            problems = _problems(capped_client.post("/jobs", json={"model": "tiny-llama", "training_file": train,
+                                                                   "priority": priority}))
+            assert "tenant 'default''s limit, 50" in problems["priority"] and "EFT_TENANT_SHARES" in problems["priority"]
+        _nothing_stored(capped_client)
+        for priority in ("normal", 50, "low"):
+            r = capped_client.post("/jobs", json={"model": "tiny-llama", "training_file": train, "priority": priority})
+            assert r.status_code == 201, r.text
+
+
 def test_priority_is_kept_and_a_bad_one_is_named(client, data, service):
     from tests.integration.conftest import validate_pending
 
