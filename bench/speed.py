@@ -328,6 +328,11 @@ async def _api_load(url: str, api_key: str, body: dict[str, Any]) -> dict[str, A
         # helper answering once, then remembered) is not what a steady stream of creates costs.
         async with sessions[0].post("/jobs", json={**body, "name": "api-warm-up"}) as r:
             out["ids"].append((await r.json())["id"])
+        # The replica's helper processes start with it (each an interpreter importing torch and
+        # transformers: seconds of CPU on both cores); the load starts once they are up and that
+        # first job is validated, so it measures a running service, not one still starting.
+        await _until_validated(sessions[0], 1)
+        wait_quiet()
         started = time.perf_counter()
         await asyncio.gather(*(create(k, http) for k, http in enumerate(sessions)))
         out["post_wall_s"] = time.perf_counter() - started

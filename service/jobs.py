@@ -103,6 +103,8 @@ class JobService:
         self.on_created = on_created
         self.files = files or FileStore(store.engine, settings)
         self.idempotency = idempotency or Idempotency(store.engine)
+        #: The dispatch order and cluster plan queued jobs' reads share (service/queueing.py).
+        self.queue_cache = queueing.QueueCache(store, settings)
 
     def create(self, req: JobCreate, principal: Principal, idempotency_key: str | None = None, *,
                endpoint: str = "POST /jobs", body: Any = None) -> tuple[Job, bool]:
@@ -209,7 +211,7 @@ class JobService:
         job = self.store.get_job(job_id, tenant)
         wire = to_wire(job, self.store.latest_metric_values([job.id]).get(job.id))
         if job.status is JobStatus.queued:  # its place in line (read once per GET of a queued job)
-            wire.queue = queueing.position(self.store, self.settings, job)
+            wire.queue = queueing.position(self.store, self.settings, job, cache=self.queue_cache)
         return wire
 
     def list(self, tenant: str, limit: int, after: str | None, status: JobStatus | None,

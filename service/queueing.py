@@ -10,10 +10,12 @@ running jobs' estimated finishes).
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 from eft.service import capacity
 from eft.service.capacity import Node, Picture, Shape
@@ -181,13 +183,50 @@ def waiting_reason(cluster: ClusterPlan, job_id: str) -> tuple[str, int, int]:
             f"free{why}", shape.min_workers, free)
 
 
+class QueueCache:
+    """The dispatch order and the cluster plan behind queued jobs' places, kept between reads.
+
+    Without it every `GET /jobs/{id}` of a queued job orders all queued jobs again (and plans
+    the cluster, asking Ray for its nodes): at a few hundred queued jobs that costs several
+    times the rest of the read, and the reads of a busy service queue up behind it. The order
+    is computed again when the store's `queue_version` (one aggregate query per read) changed
+    and at least every `max_age_s`; the cluster plan, an estimate anyway (running jobs move on
+    between reads), at most once per `max_age_s` (the scheduler's interval by default)."""
+
+    def __init__(self, store: Store, settings: Settings, max_age_s: float | None = None):
+        self.store, self.settings = store, settings
+        self.max_age_s = settings.scheduler_interval_s if max_age_s is None else max_age_s
+        self._lock = threading.Lock()  # one read computes, the ones beside it wait and reuse it
+        self._line: tuple[Any, float, Queue] | None = None
+        self._cluster: tuple[Any, float, ClusterPlan | None] | None = None
+
+    def _fresh(self, kept: tuple[Any, float, Any] | None, version: Any, now: float) -> bool:
+        return kept is not None and kept[0] == version and now - kept[1] <= self.max_age_s
+
+    def line(self) -> tuple[Any, Queue]:
+        version = self.store.queue_version(ACTIVE)
+        with self._lock:
+            now = time.monotonic()
+            if not self._fresh(self._line, version, now):
+                self._line = (version, now, queue(self.store, self.settings))
+            return version, self._line[2]
+
+    def cluster(self, version: Any, nodes: Callable[[], list[Node] | None]) -> ClusterPlan | None:
+        with self._lock:
+            now = time.monotonic()
+            if not self._fresh(self._cluster, version, now):
+                self._cluster = (version, now, cluster_plan(self.store, self.settings, nodes()))
+            return self._cluster[2]
+
+
 def position(store: Store, settings: Settings, job: JobRecord, now: datetime | None = None,
-             nodes: list[Node] | None = None) -> QueuePosition | None:
-    """A queued job's place in line, why it waits, and when a slot should free up for it."""
+             nodes: list[Node] | None = None, cache: QueueCache | None = None) -> QueuePosition | None:
+    """A queued job's place in line, why it waits, and when a slot should free up for it;
+    with `cache`, from the order and plan it keeps."""
     if job.status is not JobStatus.queued:
         return None
     now = now or utcnow()
-    line = queue(store, settings)
+    version, line = cache.line() if cache is not None else (None, queue(store, settings))
     if job.id not in line.order:
         return None
     place = line.order.index(job.id)
@@ -206,7 +245,13 @@ def position(store: Store, settings: Settings, job: JobRecord, now: datetime | N
     estimated = None
     cluster = None
     if not settings.dispatch_paused and line.running[job.tenant] < settings.max_running_jobs_per_tenant:
-        cluster = cluster_plan(store, settings, nodes if nodes is not None else capacity.snapshot(settings))
+        def cluster_nodes() -> list[Node] | None:
+            return nodes if nodes is not None else capacity.snapshot(settings)
+
+        cluster = (cache.cluster(version, cluster_nodes) if cache is not None
+                   else cluster_plan(store, settings, cluster_nodes()))
+        if cluster is not None:  # `take` below must leave a shared plan as it was
+            cluster = replace(cluster, free=dict(cluster.free))
     decision = cluster.decisions.get(job.id) if cluster is not None else None
     if cluster is not None and (decision is None or not decision.runs):
         reason, need, room = waiting_reason(cluster, job.id)

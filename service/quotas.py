@@ -48,7 +48,11 @@ def limits_for(store: Store, tenant: str, settings: Settings, conn: sa.Connectio
     if conn is None:
         with store.engine.connect() as own:
             return limits_for(store, tenant, settings, own)
-    row = conn.execute(tenants.select().where(tenants.c.id == tenant)).first()
+    return _limits(conn.execute(tenants.select().where(tenants.c.id == tenant)).first(), settings)
+
+
+def _limits(row: sa.Row | None, settings: Settings) -> TenantLimits:
+    """A tenant's limits from its `tenants` row (None: no row), the settings' where unset."""
     pick = lambda name, default: getattr(row, name) if row is not None and getattr(row, name) is not None else default  # noqa: E731
     return TenantLimits(
         max_active_jobs=pick("max_active_jobs", settings.max_active_jobs_per_tenant),
@@ -83,14 +87,18 @@ def check_quota(store: Store, tenant: str, request: JobCreate, settings: Setting
     if conn is None:
         with store.engine.connect() as own:
             return check_quota(store, tenant, request, settings, own)
-    limits = limits_for(store, tenant, settings, conn)
+    # The tenant's limits and one aggregate over its active jobs (their demand is stored at
+    # create), in one query.
+    usage = (sa.select(sa.func.count().label("active"),
+                       sa.func.coalesce(sa.func.sum(jobs.c.demand_cpus), 0.0).label("cpus"),
+                       sa.func.coalesce(sa.func.sum(jobs.c.demand_gpus), 0.0).label("gpus"))
+             .where(jobs.c.tenant == tenant, jobs.c.status.in_([s.value for s in ACTIVE])).subquery())
+    row = conn.execute(sa.select(usage, tenants).select_from(
+        usage.outerjoin(tenants, tenants.c.id == tenant))).one()
+    limits = _limits(row if row.id is not None else None, settings)
     if limits.queue_over_quota:
         return
-    # One aggregate over the tenant's active jobs (their demand is stored at create).
-    query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(jobs.c.demand_cpus), 0.0),
-                      sa.func.coalesce(sa.func.sum(jobs.c.demand_gpus), 0.0)).where(
-        jobs.c.tenant == tenant, jobs.c.status.in_([s.value for s in ACTIVE]))
-    active, used_cpus, used_gpus = conn.execute(query).one()
+    active, used_cpus, used_gpus = row.active, row.cpus, row.gpus
     cpus, gpus = demand(request)
     retry = settings.quota_retry_after_s
     if active + 1 > limits.max_active_jobs:

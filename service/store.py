@@ -169,15 +169,16 @@ class Store:
         with self.serialized(tenant_key(tenant)) as conn:
             if admit is not None:
                 admit(conn)
-            conn.execute(
+            # The stored row comes back with the insert (no second read).
+            row = conn.execute(
                 jobs.insert().values(
                     id=job_id, tenant=tenant, name=name, status=JobStatus.validating.value,
                     request=request, plan=plan, attempt=0, step=0, created_at=now, updated_at=now,
                     demand_cpus=demand[0], demand_gpus=demand[1],
-                )
-            )
+                ).returning(*jobs.c)
+            ).one()
             self._insert_event(conn, job_id, 0, "created", "info", "job created", {})
-        return self.get_job(job_id)
+        return JobRecord.from_row(row)
 
     def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord:
         """Returns the job. Raises JobNotFound, also for another tenant's job."""
@@ -228,6 +229,18 @@ class Store:
                  .group_by(jobs.c.tenant))
         with contextlib.nullcontext(conn) if conn is not None else self.engine.connect() as c:
             return Counter({tenant: n for tenant, n in c.execute(query).all()})
+
+    def queue_version(self, active: Iterable[JobStatus]) -> tuple[Any, ...]:
+        """What the dispatch order depends on, in one aggregate query: per tenant, the queued
+        jobs' count, newest change and id range, and the jobs in `active`. Equal versions, equal
+        orders (a job's tenant and priority never change while it is queued)."""
+        statuses = [JobStatus.queued.value, *(JobStatus(s).value for s in active)]
+        queued = jobs.c.status == JobStatus.queued.value
+        query = (sa.select(jobs.c.tenant, queued, sa.func.count(), sa.func.max(jobs.c.updated_at),
+                           sa.func.min(jobs.c.id), sa.func.max(jobs.c.id))
+                 .where(jobs.c.status.in_(statuses)).group_by(jobs.c.tenant, queued))
+        with self.engine.connect() as conn:
+            return tuple(sorted((tuple(str(v) for v in row) for row in conn.execute(query).all())))
 
     def queue_lines(self) -> list[tuple[str, str, Any]]:
         """Every queued job as (id, tenant, requested priority), oldest first: what the dispatch

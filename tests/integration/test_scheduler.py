@@ -522,3 +522,37 @@ def test_a_queued_job_reports_its_place_its_reason_and_an_estimated_start(store)
     assert places[waiting[1].id].estimated_start == now + timedelta(seconds=100)
     assert places[waiting[0].id].estimated_start is None  # no second running job to finish
     assert queueing.position(store, settings, store.get_job(running.id)) is None
+
+
+def test_reads_share_the_queue_order_until_the_queue_changes(store):
+    """`GET /jobs/{id}` of queued jobs shares one dispatch order (service/queueing.py
+    `QueueCache`): reads between two changes get the places a fresh computation gives, a job
+    queued, dispatched or started elsewhere changes them at once, and the plan `take` uses is
+    never changed by a read."""
+    from eft.service import queueing
+
+    settings = Settings(max_running_jobs=1, max_running_jobs_per_tenant=5)
+    cache = queueing.QueueCache(store, settings, max_age_s=3600)  # only a change may refresh it
+    jobs = _queued(store, "a", 3)
+    for job in jobs:
+        store.transition(job.id, JobStatus.queued, "validated")
+
+    def places(cached: bool) -> list[int]:
+        return [queueing.position(store, settings, store.get_job(j.id), cache=cache if cached else None).position
+                for j in jobs if store.get_job(j.id).status is JobStatus.queued]
+
+    assert places(True) == places(False) == [1, 2, 3]
+    version, line = cache.line()
+    assert cache.line()[1] is line  # unchanged queue: the same order object, not computed again
+    # Another tenant's job joins: the fair order gives tenant b the second place at once.
+    other = store.create_job(tenant="b", request=REQUEST)
+    store.transition(other.id, JobStatus.queued, "validated")
+    assert cache.line()[0] != version
+    assert queueing.position(store, settings, store.get_job(other.id), cache=cache).position == 2
+    assert places(True) == places(False) == [1, 3, 4]
+    # a's first job starts: a runs one, b none, so b's job goes first now.
+    store.transition(jobs[0].id, JobStatus.running, "go", attempt=1)
+    assert queueing.position(store, settings, store.get_job(other.id), cache=cache).position == 1
+    assert places(True) == places(False) == [2, 3]
+    assert "1 jobs run, the cluster's limit" in queueing.position(
+        store, settings, store.get_job(jobs[1].id), cache=cache).reason
