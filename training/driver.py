@@ -108,6 +108,19 @@ RESIZE_CHECKPOINTS: dict[str, int] = {}
 #: The cluster scheduler's decision behind each job's pending resize, as `LosslessResize` read
 #: it when it decided (the `resized` event names its reason and the job that needed the room).
 DECIDED: dict[str, dict[str, Any]] = {}
+#: Nodes being drained (a preemption notice), with the time (epoch s) past which they are
+#: surely gone: Ray still lists them alive and their resources free until then, but places
+#: nothing new on them. `JobFailurePolicy` records them, `LosslessResize` counts without them.
+DRAINING: dict[str, float] = {}
+#: How long after its deadline a drained node is still left out (it may take that long to go).
+DRAIN_GRACE_S = 60.0
+
+
+def _draining_now() -> set[str]:
+    now = time.time()
+    for node in [n for n, until in DRAINING.items() if until < now]:
+        del DRAINING[node]
+    return set(DRAINING)
 
 
 class LosslessResize(ElasticScalingPolicy):
@@ -154,6 +167,13 @@ class LosslessResize(ElasticScalingPolicy):
         if current is not None and limit == current:
             return NoopDecision()
         return self._get_resize_decision(limit)
+
+    def _count_possible_workers(self, reserved_resources: Any) -> int:
+        # A draining node takes no new worker: an early restart after a preemption notice
+        # (training/loop.py `_leave_for_preemption`) sizes the group on the nodes that stay.
+        draining = _draining_now()
+        return super()._count_possible_workers(
+            {node: res for node, res in reserved_resources.items() if node not in draining})
 
     def make_decision_for_non_running_worker_group(self):  # noqa: ANN201
         return self._capped(super().make_decision_for_non_running_worker_group())
@@ -319,6 +339,10 @@ class JobFailurePolicy(DefaultFailurePolicy, ControllerCallback):
     def after_controller_state_update(self, previous_state, current_state) -> None:  # noqa: ANN001
         if isinstance(current_state, PreemptingState):
             self._preempting = current_state
+            info = current_state.preemption_info
+            until = (info.deadline_ms / 1000.0 if info.deadline_ms else time.time() + 120.0) + DRAIN_GRACE_S
+            for node in info.preempted_node_ids:
+                DRAINING[node] = max(DRAINING.get(node, 0.0), until)
         elif not isinstance(current_state, RestartingState):
             self._preempting = None
 

@@ -31,6 +31,13 @@ class TrainingUserError(Exception):
         return f"{self.code}: {self.message}"
 
 
+class PreemptionCheckpointed(RuntimeError):
+    """Raised by every worker of an elastic job once its preemption checkpoint is with Ray
+    Train: the worker group ends at once instead of idling until the node's deadline, and the
+    controller (in its preempting state, so it counts as the preemption) restarts it on the
+    nodes that stay, from that checkpoint."""
+
+
 def find_user_error(exc: BaseException | None) -> TrainingUserError | None:
     """The first TrainingUserError in an exception's cause/context chain, or in any worker's
     failure when it is Ray Train's error for a worker group (`worker_failures`), if any."""

@@ -38,7 +38,7 @@ from eft.training.data import (
     DataError, TokenizeOptions, collate, example_tokens, global_batch_indices, shard_for_rank,
 )
 from eft.training.datacache import load_examples_cached
-from eft.training.errors import TrainingUserError
+from eft.training.errors import PreemptionCheckpointed, TrainingUserError
 from eft.training.model import load_reference_model, load_trainable_model, pretrained_path, skip_unused_quantization
 from eft.training.packing import balance_by_tokens, collate_packed, packed_inputs, packed_micro_batches, real_tokens
 from eft.training.preference import (
@@ -489,6 +489,18 @@ class Recipe:
         )
         return (deadline_ms if noticed else None), overdue_any > 0, pause_any > 0, resize_any > 0
 
+    def _leave_for_preemption(self) -> None:
+        """An elastic job need not wait for the drained node to go: once every rank has handed
+        its preemption report to Ray Train (the collective below: a rank reaches it only after
+        its report is queued, and the controller reads a worker's queued report before its
+        error), the group ends and Ray Train restarts it from that checkpoint on the nodes that
+        stay (`LosslessResize` leaves draining nodes out). A fixed-size job keeps waiting: its
+        workers would only wait for room elsewhere."""
+        _all_reduce_sum([1.0], self.device)
+        raise PreemptionCheckpointed(
+            f"checkpointed at step {self.step} on a preemption notice; the job goes on without the "
+            "draining node(s)")
+
     def _wait_out_preemption(self, deadline_ms: float) -> None:
         """After the preemption checkpoint, train no further (every later step would be lost)
         and wait for Ray Train to stop this worker group and resume it on what is left."""
@@ -544,6 +556,8 @@ class Recipe:
             self._publish(metrics)
             if preempting:
                 self._report(metrics, with_checkpoint=True, reason="preemption")
+                if cfg.min_workers < cfg.max_workers:
+                    self._leave_for_preemption()
                 self._wait_out_preemption(preempt_deadline_ms)
             if pausing:
                 # Checkpointed as on a preemption notice, then the workers end: the driver

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -207,8 +207,8 @@ class SpotNodes:
         before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         # A 15 s notice (GCP and Azure give 30 s, AWS 2 min): the service's preemption watch
         # polls every 0.5 s here (EFT_PREEMPTION_POLL_INTERVAL_S), and the preemption checkpoint
-        # is saved and registered within a second or two of the notice; the workers then wait
-        # out the notice, so a shorter one keeps the test short.
+        # is saved and registered within a second or two of the notice; an elastic job then
+        # goes on without the node at once, a fixed-size one waits out the notice.
         env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "15"}
         log = open(self.log_dir / f"node-{len(self.procs)}.log", "w")
         proc = subprocess.Popen(
@@ -310,6 +310,14 @@ def test_elastic_job_grows_makes_room_for_a_higher_priority_job_and_loses_nothin
 
     assert shrunk["data"]["checkpoint_reason"] == "preemption"
     assert shrunk["data"]["lost_steps"] == 0  # the drain cost no work
+    # The job did not idle through the notice: it restarted without the draining node before
+    # the node's deadline, as a preemption (no failure counted).
+    preempted = next(e for e in _events(url, jid) if e["type"] == "preempted")
+    restarted = next(e for e in _events(url, jid) if e["type"] == "restarted" and e["id"] > preempted["id"])
+    deadline = datetime.fromtimestamp(preempted["data"]["deadline_ms"] / 1000, tz=timezone.utc)
+    assert restarted["data"]["reason"] == "preemption" and _at(restarted) < deadline, (restarted, deadline)
+    print(f"restarted {(_at(restarted) - _at(preempted)).total_seconds():.1f} s after the notice, "
+          f"{(deadline - _at(restarted)).total_seconds():.1f} s before the node's deadline")
     # Growing, shrinking for another job and growing back cost no work either: the workers
     # checkpointed when the controller decided to resize, and the new group resumed from it.
     for resize in (grown, made_room, regrown):
