@@ -232,11 +232,13 @@ class Store:
 
     def queue_version(self, active: Iterable[JobStatus]) -> tuple[Any, ...]:
         """What the dispatch order depends on, in one aggregate query: per tenant, the queued
-        jobs' count, newest change and id range, and the jobs in `active`. Equal versions, equal
-        orders (a job's tenant and priority never change while it is queued)."""
+        jobs' count, newest change and id range, and how many jobs it has in `active` (not
+        their progress, which moves on every step). Equal versions, equal orders (a job's
+        tenant and priority never change while it is queued)."""
         statuses = [JobStatus.queued.value, *(JobStatus(s).value for s in active)]
         queued = jobs.c.status == JobStatus.queued.value
-        query = (sa.select(jobs.c.tenant, queued, sa.func.count(), sa.func.max(jobs.c.updated_at),
+        query = (sa.select(jobs.c.tenant, queued, sa.func.count(),
+                           sa.func.max(sa.case((queued, jobs.c.updated_at))),
                            sa.func.min(jobs.c.id), sa.func.max(jobs.c.id))
                  .where(jobs.c.status.in_(statuses)).group_by(jobs.c.tenant, queued))
         with self.engine.connect() as conn:

@@ -552,6 +552,9 @@ def test_reads_share_the_queue_order_until_the_queue_changes(store):
     assert places(True) == places(False) == [1, 3, 4]
     # a's first job starts: a runs one, b none, so b's job goes first now.
     store.transition(jobs[0].id, JobStatus.running, "go", attempt=1)
+    moved = cache.line()[0]
+    store.update_job(jobs[0].id, attempt=1, step=5)  # a running job's progress keeps the order
+    assert cache.line()[0] == moved
     assert queueing.position(store, settings, store.get_job(other.id), cache=cache).position == 1
     assert places(True) == places(False) == [2, 3]
     assert "1 jobs run, the cluster's limit" in queueing.position(
