@@ -120,9 +120,9 @@ def check_priority(tenant: str, request: JobCreate, settings: Settings) -> None:
     (`EFT_TENANT_SHARES`' max_priority)."""
     from eft.service.errors import Problem, RequestInvalid
     from eft.service.policy import priority_value
+    from eft.service.settings import TenantShare
 
-    share = settings.tenant_shares.get(tenant)
-    ceiling = share.max_priority if share is not None else 100
+    ceiling = settings.tenant_shares.get(tenant, TenantShare()).max_priority
     asked = priority_value(request.priority)
     if asked > ceiling:
         raise RequestInvalid(problems=[Problem(
