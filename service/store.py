@@ -52,6 +52,18 @@ def new_job_id() -> str:
 #: Statements the hot paths run, built once (building one costs more CPU than running it).
 _INSERT_JOB = jobs.insert().returning(*jobs.c)
 _INSERT_EVENT = job_events.insert()
+_GET_JOB = jobs.select().where(jobs.c.id == sa.bindparam("id"))
+_GET_TENANT_JOB = _GET_JOB.where(jobs.c.tenant == sa.bindparam("tenant"))
+# Each job's newest metrics row, for the jobs `ids`.
+_LATEST_METRICS = sa.select(job_metrics.c.job_id, job_metrics.c["values"]).where(job_metrics.c.id.in_(
+    sa.select(sa.func.max(job_metrics.c.id)).where(job_metrics.c.job_id.in_(sa.bindparam("ids", expanding=True)))
+    .group_by(job_metrics.c.job_id)))
+# Per tenant and queued or not, over the jobs in `statuses`: the count, the queued jobs' newest
+# change, and the id range (Store.queue_version).
+_QUEUED = jobs.c.status == JobStatus.queued.value
+_QUEUE_VERSION = (sa.select(jobs.c.tenant, _QUEUED, sa.func.count(), sa.func.max(sa.case((_QUEUED, jobs.c.updated_at))),
+                            sa.func.min(jobs.c.id), sa.func.max(jobs.c.id))
+                  .where(jobs.c.status.in_(sa.bindparam("statuses", expanding=True))).group_by(jobs.c.tenant, _QUEUED))
 
 
 @contextlib.contextmanager
@@ -185,11 +197,9 @@ class Store:
 
     def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord:
         """Returns the job. Raises JobNotFound, also for another tenant's job."""
-        query = jobs.select().where(jobs.c.id == job_id)
-        if tenant is not None:
-            query = query.where(jobs.c.tenant == tenant)
+        query, params = (_GET_JOB, {"id": job_id}) if tenant is None else (_GET_TENANT_JOB, {"id": job_id, "tenant": tenant})
         with self.engine.connect() as conn:
-            row = conn.execute(query).first()
+            row = conn.execute(query, params).first()
         if row is None:
             raise JobNotFound(job_id)
         return JobRecord.from_row(row)
@@ -239,13 +249,9 @@ class Store:
         their progress, which moves on every step). Equal versions, equal orders (a job's
         tenant and priority never change while it is queued)."""
         statuses = [JobStatus.queued.value, *(JobStatus(s).value for s in active)]
-        queued = jobs.c.status == JobStatus.queued.value
-        query = (sa.select(jobs.c.tenant, queued, sa.func.count(),
-                           sa.func.max(sa.case((queued, jobs.c.updated_at))),
-                           sa.func.min(jobs.c.id), sa.func.max(jobs.c.id))
-                 .where(jobs.c.status.in_(statuses)).group_by(jobs.c.tenant, queued))
         with self.engine.connect() as conn:
-            return tuple(sorted((tuple(str(v) for v in row) for row in conn.execute(query).all())))
+            rows = conn.execute(_QUEUE_VERSION, {"statuses": statuses}).all()
+        return tuple(sorted(tuple(str(v) for v in row) for row in rows))
 
     def queue_lines(self) -> list[tuple[str, str, Any]]:
         """Every queued job as (id, tenant, requested priority), oldest first: what the dispatch
@@ -486,11 +492,8 @@ class Store:
         ids = list(job_ids)
         if not ids:
             return {}
-        latest = (sa.select(sa.func.max(job_metrics.c.id)).where(job_metrics.c.job_id.in_(ids))
-                  .group_by(job_metrics.c.job_id))
-        query = sa.select(job_metrics.c.job_id, job_metrics.c["values"]).where(job_metrics.c.id.in_(latest))
         with self.engine.connect() as conn:
-            return {job_id: dict(values or {}) for job_id, values in conn.execute(query).all()}
+            return {job_id: dict(values or {}) for job_id, values in conn.execute(_LATEST_METRICS, {"ids": ids}).all()}
 
     def throughput_by_size(self, job_ids: Iterable[str]) -> dict[str, dict[int, float]]:
         """Each job's mean `tokens_per_s` per world size it has run at (one aggregate query): how
