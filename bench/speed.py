@@ -295,8 +295,9 @@ def run_plain(config: dict[str, Any]) -> tuple[float, float, dict[int, float]]:
 
 #: The API part: `API_CLIENTS` clients (one connection each) on loopback.
 API_CLIENTS = 50
-#: Jobs each client creates, back to back (closed loop): the create throughput.
-API_POSTS_PER_CLIENT = 6
+#: Jobs each client creates, back to back (closed loop): the create throughput (600 creates, a
+#: few seconds: long enough that one stall of the shared cores does not set the rate).
+API_POSTS_PER_CLIENT = 12
 #: Reads of those jobs: `GET /jobs/{id}` from every client at random (Poisson) times, together
 #: each of `API_GET_RATES` per second for `API_GET_SECONDS` (open loop), then as fast as they can.
 API_GET_RATES = (25, 50, 100)
