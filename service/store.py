@@ -197,9 +197,9 @@ class Store:
 
     def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord:
         """Returns the job. Raises JobNotFound, also for another tenant's job."""
-        query, params = (_GET_JOB, {"id": job_id}) if tenant is None else (_GET_TENANT_JOB, {"id": job_id, "tenant": tenant})
+        query = _GET_JOB if tenant is None else _GET_TENANT_JOB
         with self.engine.connect() as conn:
-            row = conn.execute(query, params).first()
+            row = conn.execute(query, {"id": job_id, "tenant": tenant}).first()
         if row is None:
             raise JobNotFound(job_id)
         return JobRecord.from_row(row)
