@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -118,30 +117,26 @@ def haproxy_binary(environ: Mapping[str, str]) -> str | None:
 def ingress_env(environ: Mapping[str, str]) -> dict[str, str]:
     """`INGRESS_ENV` where an HAProxy binary is at hand (not on macOS: the service is reached
     through Serve's proxy there), unless `environ` turns HAProxy off
-    (`RAY_SERVE_ENABLE_HA_PROXY=0`). HAProxy's files and its stats and metrics ports (Ray's
-    defaults: /tmp/haproxy-serve, 8404 and 9101, one set per machine) are this node's own, so a
-    second local cluster (the tests', a benchmark's) does not take over the first one's."""
+    (`RAY_SERVE_ENABLE_HA_PROXY=0`). HAProxy's stats and metrics ports (Ray's defaults, 8404 and
+    9101, one pair per machine) are this node's own, so a second local cluster (the tests', a
+    benchmark's) starts its HAProxy beside the first one's; Ray keeps each node's HAProxy files
+    apart itself (a folder per node id)."""
     if environ.get("RAY_SERVE_ENABLE_HA_PROXY", "1") == "0" or haproxy_binary(environ) is None:
         return {}
-    files = Path(tempfile.mkdtemp(prefix="eft-haproxy-"))
-    return {
-        **INGRESS_ENV,
-        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(files / "haproxy.cfg"),
-        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(files / "admin.sock"),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(files),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(files / "server-state"),
-        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(files / "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-    }
+    stats, metrics = free_ports(2)
+    return {**INGRESS_ENV, "RAY_SERVE_HAPROXY_STATS_PORT": str(stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics)}
 
 
-def free_port() -> int:
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on this machine now (all held open while they are picked)."""
+    import contextlib
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def ray_node_env(environ: Mapping[str, str]) -> dict[str, str]:

