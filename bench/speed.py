@@ -558,7 +558,7 @@ def ingress_words() -> str:
     if haproxy_ingress():
         return ("behind HAProxy on the service's port (Ray Serve's HAProxy ingress, "
                 "`api/local.py:INGRESS_ENV`: each request goes straight to the replica's own HTTP server)")
-    return "behind Serve's proxy (no HAProxy binary here: each request reaches the replica over gRPC)"
+    return "behind Serve's proxy (HAProxy off or not installed: each request reaches the replica over gRPC)"
 
 
 def render(out: dict[str, Any], args: argparse.Namespace, wall_s: float, load_at_start: float) -> str:
