@@ -123,20 +123,39 @@ def ingress_env(environ: Mapping[str, str]) -> dict[str, str]:
     apart itself (a folder per node id)."""
     if environ.get("RAY_SERVE_ENABLE_HA_PROXY", "1") == "0" or haproxy_binary(environ) is None:
         return {}
-    stats, metrics = free_ports(2)
+    stats, metrics = listen_ports(2)
     return {**INGRESS_ENV, "RAY_SERVE_HAPROXY_STATS_PORT": str(stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics)}
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on this machine now (all held open while they are picked)."""
+#: Where `listen_ports` looks: below the ports Linux gives outbound connections (32768 and up by
+#: default), above Ray's worker ports (10002-19999), and clear of Serve's direct-ingress ports
+#: (30000-31000).
+LISTEN_PORT_RANGE = (20000, 30000)
+
+
+def listen_ports(count: int) -> list[int]:
+    """`count` distinct ports free on this machine now, for servers that bind them a little later
+    (HAProxy, the dashboard). Outside the range the OS hands to outbound connections: a port
+    picked there with `bind(0)` can be taken meanwhile by one of the many connections a starting
+    Ray cluster opens, and the server then fails to bind it (HAProxy does not retry). All are
+    held open while they are picked."""
     import contextlib
+    import random
     import socket
 
+    low, high = LISTEN_PORT_RANGE
+    picked: list[int] = []
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
+        for port in random.sample(range(low, high), high - low):
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            picked.append(port)
+            if len(picked) == count:
+                return picked
+    raise RuntimeError(f"fewer than {count} free ports in {low}-{high - 1}")
 
 
 def ray_node_env(environ: Mapping[str, str]) -> dict[str, str]:

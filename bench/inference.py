@@ -29,7 +29,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from recovery import _free_port, machine  # noqa: E402
+from recovery import machine  # noqa: E402
 from report import replace_section  # noqa: E402
 
 SECTION = "## Inference: from a finished job to chat"
@@ -55,10 +55,10 @@ def through_the_service() -> dict[str, float]:
     import ray
     from ray import serve
 
-    from eft.api.local import deploy_app, ray_node_env, wait_healthy
+    from eft.api.local import deploy_app, listen_ports, ray_node_env, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="eft-bench-inference-"))
-    dash_port, port = _free_port(), _free_port()
+    dash_port, port = listen_ports(2)
     os.environ.update(ray_node_env(os.environ))
     ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)

@@ -32,7 +32,6 @@ import os
 import platform
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,12 +47,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.report import replace_section  # noqa: E402
 SECTION = "## Recovery: what a failure costs"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def body(name: str, steps: int, every: int) -> dict[str, Any]:
@@ -146,10 +139,10 @@ def run(steps: int) -> str:
     import ray
     from ray import serve
 
-    from eft.api.local import deploy_app, ray_node_env, wait_healthy
+    from eft.api.local import deploy_app, listen_ports, ray_node_env, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="eft-bench-recovery-"))
-    dash_port, port = _free_port(), _free_port()
+    dash_port, port = listen_ports(2)
     os.environ.update(ray_node_env(os.environ))  # as `eft up` starts a node
     ray.init(address="local", num_cpus=8, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dash_port, log_to_driver=False, configure_logging=False)

@@ -72,11 +72,10 @@ NOT_RATES = ("starts", "api", "idle_busy", "niceness", "p1_steps", "plain_steps"
 
 
 def _free_port() -> int:
-    import socket
+    """A port for a server to bind soon, where no outbound connection takes it first."""
+    from eft.api.local import listen_ports
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return listen_ports(1)[0]
 
 
 def machine() -> str:
@@ -425,12 +424,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
-    from eft.api.local import deploy_app, ray_node_env, wait_healthy
+    from eft.api.local import deploy_app, listen_ports, ray_node_env, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="eft-bench-speed-"))
     model, data = build_model(home), build_data(home)
-    port = _free_port()
-    dash_port = _free_port()
+    port, dash_port = listen_ports(2)
     # The local cluster's nodes start as `eft up` starts them (training workers at niceness 0).
     os.environ.update(ray_node_env(os.environ))
     if args.worker_niceness is not None:

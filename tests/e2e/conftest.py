@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import time
 from pathlib import Path
 
@@ -69,22 +68,24 @@ def as_json(model: BaseModel) -> dict:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server to bind soon (api/local.py:listen_ports)."""
+    from eft.api.local import listen_ports
+
+    return listen_ports(1)[0]
 
 
 @pytest.fixture(scope="session")
 def ray_cluster():
     import ray
 
-    from eft.api.local import ray_node_env
+    from eft.api.local import listen_ports, ray_node_env
 
     # The node's processes start with the environment `eft up` gives a node (Serve's settings,
     # the workers' priority).
     os.environ.update(ray_node_env(os.environ))
-    dashboard_port = _free_port()
-    metrics_port = _free_port()
+    # Ports the servers bind later, picked where no outbound connection of the starting cluster
+    # can take them first (api/local.py:listen_ports).
+    dashboard_port, metrics_port = listen_ports(2)
     ray.init(
         # Always a fresh cluster of our own, never one a stale `ray start` left behind.
         address="local",

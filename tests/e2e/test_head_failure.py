@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import _free_port, api, use_admin_key, wait_for
+from eft.api.local import listen_ports
+from tests.e2e.conftest import api, use_admin_key, wait_for
 from tests.e2e.test_recovery import _body, _checkpointed, _events, _post, _trained_steps, _until
 
 pytestmark = pytest.mark.e2e
@@ -47,8 +48,9 @@ class Head:
         self.root = root
         # Ray's socket paths must stay under 107 characters: a short temp dir of its own.
         self.temp_dir = Path(tempfile.mkdtemp(prefix="eftray-", dir="/tmp"))
-        self.gcs_port, self.dashboard_port, self.http_port = _free_port(), _free_port(), _free_port()
-        self.agent_ports = {flag: _free_port() for flag in (
+        ports = iter(listen_ports(7))  # distinct, and none an outbound connection may take first
+        self.gcs_port, self.dashboard_port, self.http_port = next(ports), next(ports), next(ports)
+        self.agent_ports = {flag: next(ports) for flag in (
             "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
             "metrics-export-port")}
         self.proc: subprocess.Popen | None = None

@@ -258,13 +258,18 @@ def test_local_nodes_put_haproxy_in_front_where_its_binary_is_at_hand(tmp_path):
     cluster takes others); without one, or with HAProxy turned off, through Serve's proxy."""
     import socket
 
-    from eft.api.local import INGRESS_ENV, haproxy_binary, ray_node_env
+    from eft.api.local import INGRESS_ENV, LISTEN_PORT_RANGE, haproxy_binary, ray_node_env
 
     assert haproxy_binary({}) is not None  # installed with ray[serve] here
     first = ray_node_env({})
     assert {k: first[k] for k in INGRESS_ENV} == INGRESS_ENV
     ports = {int(first[k]) for k in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")}
     assert len(ports) == 2 and not ports & {8404, 9101}  # not Ray's machine-wide defaults
+    # Below the ports the OS gives outbound connections, which could take them before HAProxy binds.
+    low, high = LISTEN_PORT_RANGE
+    assert all(low <= p < high for p in ports)
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        assert high <= int(f.read().split()[0])
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free when chosen
