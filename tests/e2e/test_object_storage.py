@@ -14,21 +14,14 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 
 import pytest
 
-from tests.e2e.conftest import api, wait_for
+from tests.e2e.conftest import _free_port, api, wait_for
 from tests.e2e.test_recovery import _body, _checkpointed, _events, _get, _post, _until, _worker_pids
 
 pytestmark = pytest.mark.e2e
 BUCKET = "eft-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
