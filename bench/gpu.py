@@ -100,12 +100,11 @@ def _loop(config: dict[str, Any]) -> None:
                                           schedule=torch.profiler.schedule(wait=2, warmup=1, active=3))
 
     def publish(recipe: Any, metrics: dict[str, float]) -> None:
-        rows.append({"step": recipe.step, **metrics})
-        if config.get("profile"):
-            profiler.step()  # one report per step (log_every_steps=1)
+        rows.append(dict(metrics))
 
     with profiler:
-        recipe = run_recipe(config["train"], publish)
+        recipe = run_recipe(config["train"], publish,
+                            after_step=profiler.step if config.get("profile") else None)
     if recipe.rank == 0:
         Path(config["out"]).write_text(json.dumps(rows))
         if config.get("profile"):

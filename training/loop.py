@@ -46,9 +46,12 @@ from eft.training.preference import (
 )
 from eft.training.strategies import build_strategy
 
-#: Seconds of training between two looks for a preemption notice (Ray Train's watcher itself
-#: polls the cluster every few seconds; a spot notice gives 30 s or more).
-PREEMPTION_CHECK_INTERVAL_S = 1.0
+#: Seconds of training between two syncs: the workers agree on the checks (a preemption notice:
+#: Ray Train's watcher itself polls the cluster every few seconds, and a spot notice gives 30 s
+#: or more; pause, checkpoint and resize requests) and read the metrics rows logged since the
+#: last sync off the device. Between syncs a step reads nothing back from the device and joins
+#: no collective of its own, whatever `log_every_steps`.
+SYNC_INTERVAL_S = 1.0
 #: How long an interval checkpoint waits for the controller to take the previous report (it
 #: polls every EFT_TRAIN_POLL_INTERVAL_S); past that it is queued behind it anyway.
 REPORT_WAIT_S = 30.0
@@ -60,11 +63,24 @@ RESIZE_WAIT_S = 90.0
 log = logging.getLogger("eft.training.loop")
 
 
-def _all_reduce_sum(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+def _all_reduce_sum(values: list[Any], device: torch.device, op: str = "sum") -> list[float]:
+    """All-reduce `values` (Python numbers and device scalars, in any mix) in one collective and
+    read the result once: the host numbers travel in one copy to the device, the device
+    scalars are never read on their own."""
+    on_device = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    host = [i for i, v in enumerate(values) if not isinstance(v, torch.Tensor)]
+    parts = [torch.tensor([float(values[i]) for i in host], dtype=torch.float64, device=device)]
+    if on_device:
+        parts.append(torch.stack([values[i].detach().reshape(()).to(device=device, dtype=torch.float64)
+                                  for i in on_device]))
+    tensor = torch.cat(parts) if len(parts) > 1 else parts[0]
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return tensor.tolist()
+    reduced = tensor.tolist()
+    out = [0.0] * len(values)
+    for position, index in enumerate(host + on_device):
+        out[index] = reduced[position]
+    return out
 
 
 def delivered_preemption_notice() -> Any:
@@ -97,6 +113,21 @@ class Window:
     input_tokens: float = 0.0
     steps: int = 0
     started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class LoggedRow:
+    """A metrics row closed at `step` and not read yet: its device values (the window's sums,
+    the gradient norm) are read at the next sync, with every other row closed since."""
+
+    step: int
+    window: Window
+    grad_norm: Any  # a device tensor, a number, or None (no clipping)
+    learning_rate: float
+    #: This rank's window, from the host's clock and memory counters (no device read).
+    seconds: float
+    peak_memory_gb: float
+    host_peak_memory_gb: float
 
 
 def sample_prompts(examples: list[Any], count: int) -> list[tuple[list[int], list[int]]]:
@@ -334,41 +365,67 @@ class Recipe:
         with switched_off, self.strategy.autocast():
             return pair_logps(model, batch, bounds)
 
-    def _window_metrics(self, window: Window, grad_norm: float | None) -> dict[str, float]:
-        names = [n for n in PAIR_METRICS if n in window.sums] if self.dpo else []
-        loss_sum, input_tokens, *pair_sums = _all_reduce_sum(
-            [float(window.loss_sum), float(window.input_tokens), *(float(window.sums[n]) for n in names)],
-            self.device
-        )
-        target_tokens = window.target_tokens * self.world_size
-        loss = loss_sum / max(1.0, target_tokens)
-        if not math.isfinite(loss):
-            raise TrainingUserError(
-                "user_error.nan_loss",
-                f"the loss became {loss} at step {self.step}: lower learning_rate or check the data",
-                "hyperparameters.learning_rate",
-            )
-        # The slowest rank's time: every rank then derives the same check cadence from it.
-        peak, host_peak, elapsed = _all_reduce_sum(
-            [peak_memory_gb(self.device), host_peak_memory_gb(), time.perf_counter() - window.started],
-            self.device, op="max",
-        )
-        metrics = {
-            "step": self.step,
-            "loss": loss,
-            "peak_memory_gb": peak,
-            "host_peak_memory_gb": host_peak,
-            "learning_rate": self.cfg.learning_rate * self.lr_factor(self.step - 1),
-            "tokens_per_s": input_tokens / elapsed,
-            "step_time_s": elapsed / max(1, window.steps),
-            "epoch": self.step * self.cfg.global_batch_size / len(self.train_examples),
-            "world_size": self.world_size,
-        }
-        if grad_norm is not None:
-            metrics["grad_norm"] = float(grad_norm)
-        for name, value in zip(names, pair_sums):  # DPO: means over the window's pairs
-            metrics[name] = value / max(1.0, target_tokens)
-        return metrics
+    def _close_row(self, window: Window, grad_norm: Any) -> LoggedRow:
+        """End the metrics window at this step: what the host knows is taken now, the device's
+        values stay on the device until the next sync."""
+        return LoggedRow(step=self.step, window=window, grad_norm=grad_norm,
+                         learning_rate=self.cfg.learning_rate * self.lr_factor(self.step - 1),
+                         seconds=time.perf_counter() - window.started,
+                         peak_memory_gb=peak_memory_gb(self.device), host_peak_memory_gb=host_peak_memory_gb())
+
+    def _sync(self, rows: list[LoggedRow], checks: list[float]) -> tuple[list[dict[str, float]], list[float], float]:
+        """Read every row closed since the last sync and agree on this rank's `checks` (flags
+        and deadlines, maxed over ranks), in two collectives whatever the number of rows.
+        Returns the rows' metrics (reduced over ranks, in step order), the checks, and the
+        slowest rank's seconds since the previous sync."""
+        names = [[n for n in PAIR_METRICS if n in row.window.sums] if self.dpo else [] for row in rows]
+        # Sums over ranks: each row's loss sum (and DPO pair sums) and input tokens. Reading the
+        # result waits for the device: every row's step has run by then.
+        sums = _all_reduce_sum([v for row, pair in zip(rows, names) for v in (
+            row.window.loss_sum, row.window.input_tokens, *(row.window.sums[n] for n in pair))],
+            self.device) if rows else []
+        now = time.perf_counter()
+        if rows and rows[-1].step == self.step:
+            # The newest row ends now that the device has caught up (on a GPU the host runs ahead).
+            rows[-1].seconds = now - rows[-1].window.started
+        since, self._synced_at = now - self._synced_at, now
+        # Maxima over ranks: the checks, the slowest rank's times, the memory peaks, and the
+        # gradient norm (the same on every rank).
+        norms = [row.grad_norm for row in rows if row.grad_norm is not None]
+        maxima = _all_reduce_sum([*checks, since, *(v for row in rows for v in (
+            row.seconds, row.peak_memory_gb, row.host_peak_memory_gb)), *norms], self.device, op="max")
+        checks, since, maxima = maxima[:len(checks)], maxima[len(checks)], maxima[len(checks) + 1:]
+        summed, timed, norms_read = iter(sums), iter(maxima), iter(maxima[3 * len(rows):])
+        out = []
+        for row, pair in zip(rows, names):
+            loss_sum, input_tokens = next(summed), next(summed)
+            pair_sums = [next(summed) for _ in pair]
+            seconds, peak, host_peak = next(timed), next(timed), next(timed)
+            target_tokens = row.window.target_tokens * self.world_size
+            loss = loss_sum / max(1.0, target_tokens)
+            if not math.isfinite(loss):
+                raise TrainingUserError(
+                    "user_error.nan_loss",
+                    f"the loss became {loss} at step {row.step}: lower learning_rate or check the data",
+                    "hyperparameters.learning_rate",
+                )
+            metrics = {
+                "step": row.step,
+                "loss": loss,
+                "peak_memory_gb": peak,
+                "host_peak_memory_gb": host_peak,
+                "learning_rate": row.learning_rate,
+                "tokens_per_s": input_tokens / max(seconds, 1e-9),
+                "step_time_s": seconds / max(1, row.window.steps),
+                "epoch": row.step * self.cfg.global_batch_size / len(self.train_examples),
+                "world_size": self.world_size,
+            }
+            if row.grad_norm is not None:
+                metrics["grad_norm"] = next(norms_read)
+            for name, value in zip(pair, pair_sums):  # DPO: means over the window's pairs
+                metrics[name] = value / max(1.0, target_tokens)
+            out.append(metrics)
+        return out, checks, since
 
     def _report(self, metrics: dict[str, float], with_checkpoint: bool, reason: str = "interval",
                 final: bool = False) -> None:
@@ -473,21 +530,16 @@ class Recipe:
             self._control_ref = self.sink.control.remote()
         return self.pause_seen, self.checkpoints_asked > self.checkpoints_served
 
-    def _checks_due(self) -> tuple[float | None, bool, bool, bool]:
-        """At a check step: (the preemption deadline in ms, 0 if none, when any rank has a
-        notice, else None; whether the time-based checkpoint interval has passed; whether the
-        job was asked to pause; whether the controller asked for a checkpoint before it
-        resizes the worker group), agreed by every rank in one collective."""
+    def _local_checks(self) -> list[float]:
+        """This rank's view at a sync: [a preemption notice, its deadline in ms (0 if none),
+        the time-based checkpoint interval passed, the job asked to pause, the controller asked
+        for a checkpoint before it resizes the worker group]; `_sync` maxes them over ranks."""
         notice = delivered_preemption_notice()
         overdue = bool(self.cfg.checkpoint_every_seconds) and (
             time.monotonic() - self.last_checkpoint_at >= self.cfg.checkpoint_every_seconds)
         pause, resize = self._control()
-        noticed, deadline_ms, overdue_any, pause_any, resize_any = _all_reduce_sum(
-            [float(notice is not None), float(notice.deadline_ms or 0) if notice else 0.0, float(overdue),
-             float(pause), float(resize)],
-            self.device, op="max",
-        )
-        return (deadline_ms if noticed else None), overdue_any > 0, pause_any > 0, resize_any > 0
+        return [float(notice is not None), float(notice.deadline_ms or 0) if notice else 0.0, float(overdue),
+                float(pause), float(resize)]
 
     def _leave_for_preemption(self) -> None:
         """An elastic job need not wait for the drained node to go: once every rank has handed
@@ -525,36 +577,47 @@ class Recipe:
 
     def train(self) -> None:
         cfg = self.cfg
-        window = Window()
+        window, rows = Window(), []
         self.strategy.model.train()
         self.last_checkpoint_at = time.monotonic()
-        check_every, next_check = 1, self.step + 1
+        self._synced_at = time.perf_counter()
+        sync_every, next_sync, steps_at_sync = 1, self.step + 1, self.step
         while self.step < cfg.total_steps and not self.stopped_early:
             grad_norm = self.train_step(window)
-            # Step 1 always reports: the first loss shows at once, and the first (warm-up) step's
-            # time stays apart from the steady state's.
-            at_log = self.step % cfg.log_every_steps == 0 or self.step in (1, cfg.total_steps)
-            at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and self.step < cfg.total_steps
-            at_eval = bool(cfg.eval_every_steps) and self.step % cfg.eval_every_steps == 0 and self.step < cfg.total_steps
-            preempt_deadline_ms, overdue, pausing, resizing = None, False, False, False
-            if self.step >= next_check and self.step < cfg.total_steps:
-                preempt_deadline_ms, overdue, pausing, resizing = self._checks_due()
-                next_check = self.step + check_every
-            preempting = preempt_deadline_ms is not None
-            if not (at_log or at_ckpt or at_eval or preempting or overdue or pausing or resizing):
+            final = self.step == cfg.total_steps
+            # Step 1 always has a row: the first loss shows at once, and the first (warm-up)
+            # step's time stays apart from the steady state's.
+            at_log = self.step % cfg.log_every_steps == 0 or self.step == 1 or final
+            at_ckpt = self.step % cfg.checkpoint_every_steps == 0 and not final
+            at_eval = bool(cfg.eval_every_steps) and self.step % cfg.eval_every_steps == 0 and not final
+            if at_log or at_ckpt or at_eval:
+                rows.append(self._close_row(window, grad_norm))
+                window = Window()
+            # Decided by step counts alone, so every rank joins the same collectives; between
+            # syncs nothing waits for the device.
+            checking = self.step >= next_sync and not final
+            if not (checking or at_ckpt or at_eval or final):
                 continue
-            # Decided by step count and by collectives, so every rank joins the same
-            # collectives and reports.
-            metrics = self._window_metrics(window, grad_norm)
+            published, checks, since = self._sync(rows, self._local_checks() if checking else [0.0] * 5)
+            rows = []
+            noticed, deadline_ms, overdue, pausing, resizing = (c > 0 for c in checks)
+            preempt_deadline_ms = checks[1] if noticed else None
+            if (noticed or overdue or pausing or resizing) and window.steps:
+                # A check asks for a checkpoint at a step with no row yet: its row comes now.
+                published += self._sync([self._close_row(window, grad_norm)], [])[0]
+                window = Window()
+            # About SYNC_INTERVAL_S of training between syncs, from the slowest rank's time (the
+            # same on every rank).
+            sync_every = max(1, int(SYNC_INTERVAL_S / max(since / max(1, self.step - steps_at_sync), 1e-3)))
+            next_sync, steps_at_sync = self.step + sync_every, self.step
+            metrics = published[-1] if published else {}
             if at_eval:
                 self._evaluate_during(metrics)
-            # Check for preemption about every PREEMPTION_CHECK_INTERVAL_S of training: the
-            # notice is a collective, cheap but not free. The step time is all-reduced, so every
-            # rank computes the same cadence.
-            check_every = max(1, int(PREEMPTION_CHECK_INTERVAL_S / max(metrics["step_time_s"], 1e-3)))
-            window = Window()
-            self._publish(metrics)
-            if preempting:
+            for row in published:
+                self._publish(row)
+            if final:
+                return
+            if noticed:
                 self._report(metrics, with_checkpoint=True, reason="preemption")
                 if cfg.min_workers < cfg.max_workers:
                     self._leave_for_preemption()

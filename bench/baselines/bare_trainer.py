@@ -32,7 +32,7 @@ def bare_loop(config: dict[str, Any]) -> None:
     out = Path(config["out"])
 
     def stamp(recipe: Any, metrics: dict[str, float]) -> None:
-        if recipe.rank == 0 and recipe.step == 1:
+        if recipe.rank == 0 and metrics["step"] == 1:  # the first row comes at once, after step 1
             out.write_text(json.dumps({"first_step_at": time.time()}))
 
     run_recipe(config["train"], stamp, finish=False)

@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def run_recipe(train: dict[str, Any], publish: Callable[[Any, dict[str, float]], None], finish: bool = True) -> Any:
-    """`training.loop.train_loop_per_worker` on the TrainConfig dict `train`, each metrics report
-    handed to `publish(recipe, metrics)` instead of the job store's progress actor. Returns
-    the recipe (its rank, its step)."""
+def run_recipe(train: dict[str, Any], publish: Callable[[Any, dict[str, float]], None], finish: bool = True,
+               after_step: Callable[[], None] | None = None) -> Any:
+    """`training.loop.train_loop_per_worker` on the TrainConfig dict `train`, each metrics row
+    handed to `publish(recipe, metrics)` instead of the job store's progress actor (rows come
+    at the loop's syncs, several at once: a row's step is `metrics["step"]`), and
+    `after_step()` called after every optimizer step. Returns the recipe (its rank, its step)."""
     import torch
 
     from eft.training.config import TrainConfig
@@ -34,6 +36,12 @@ def run_recipe(train: dict[str, Any], publish: Callable[[Any, dict[str, float]],
     class Published(Recipe):
         def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
             publish(self, metrics)
+
+        def train_step(self, window: Any) -> Any:
+            grad_norm = super().train_step(window)
+            if after_step is not None:
+                after_step()
+            return grad_norm
 
     cfg = TrainConfig.from_dict(train)
     torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
@@ -48,7 +56,7 @@ def run_recipe(train: dict[str, Any], publish: Callable[[Any, dict[str, float]],
 def plain_loop(config: dict[str, Any]) -> None:
     """The loop with the per-step metrics kept in a list."""
     rows: list[dict[str, Any]] = config["rows"]
-    run_recipe(config["train"], lambda recipe, metrics: rows.append({"step": recipe.step, "values": dict(metrics)}))
+    run_recipe(config["train"], lambda recipe, metrics: rows.append({"step": int(metrics["step"]), "values": dict(metrics)}))
 
 
 def main() -> None:
