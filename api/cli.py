@@ -36,11 +36,15 @@ def _service_local():
     return local
 
 
-def up(port: Annotated[int, typer.Option(help="Port of the REST API.")] = 8000,
+def up(port: Annotated[int | None, typer.Option(help="Port of the REST API [default: EFT_PORT, else 8000].")] = None,
        num_cpus: Annotated[int | None, typer.Option(help="CPUs for a new local Ray.")] = None,
        as_json: AsJson = False) -> None:
     """Start local Ray (or join a running one) and the service: `eft up --num-cpus 8`."""
-    info = _service_local().up(port=port, num_cpus=num_cpus)
+    local = _service_local()
+    try:
+        info = local.up(port=port, num_cpus=num_cpus)
+    except local.PortTaken as exc:
+        raise CliError(str(exc), exit_code=2) from None
     if as_json:
         return _emit_json(info)
     ray = "started" if info["started_ray"] else "already running (reused)"

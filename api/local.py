@@ -158,6 +158,44 @@ def listen_ports(count: int) -> list[int]:
     raise RuntimeError(f"fewer than {count} free ports in {low}-{high - 1}")
 
 
+class PortTaken(RuntimeError):
+    """The service's port is held by a program other than this service."""
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise `PortTaken` when another program listens on `host:port`. The port may be free, or
+    held by this service already (a redeploy: its `/healthz` answers), or by this cluster's
+    Ray Serve, which hands it to the new deployment. Serve's ingress cannot take a port that is
+    taken, and HAProxy does not retry: without this check `eft up` would wait out its health
+    check and say only that the service did not become healthy."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+    answering = "127.0.0.1" if host in ("", "0.0.0.0") else host
+    try:
+        body = httpx.get(f"http://{answering}:{port}/healthz", timeout=3).json()
+        if isinstance(body, dict) and {"status", "version", "database"} <= body.keys():
+            return
+    except (httpx.HTTPError, ValueError):
+        pass
+    import ray
+
+    if ray.is_initialized():
+        from ray import serve
+
+        if serve.status().applications:
+            return
+    raise PortTaken(
+        f"port {port} on {host} is taken by another program ({reason}): stop it, or start the "
+        f"service on another port with `eft up --port N` (or EFT_PORT=N)")
+
+
 def ray_node_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment a Ray node of this service starts with: `SERVE_NODE_ENV`, HAProxy's
     ingress (`ingress_env`), and training workers at a plain script's priority. Ray starts its
@@ -230,6 +268,7 @@ def deploy(settings: Settings, port: int) -> str:
     import ray
 
     ray.init(address="auto", ignore_reinit_error=True, log_to_driver=False)
+    check_port(settings.host, port)
     deploy_app(_service_env(settings), port, settings.host)
     return f"http://{settings.host}:{port}"
 
@@ -276,15 +315,17 @@ def up(port: int | None = None, num_cpus: int | None = None) -> dict[str, Any]:
     """
     settings = get_settings()
     settings.home.mkdir(parents=True, exist_ok=True)
+    port = port or settings.port
     started_ray = False
     if not ray_is_running():
+        check_port(settings.host, port)  # before Ray's start, which takes a while
         start_ray_head(num_cpus)
         started_ray = True
     state_path = _state_file(settings)
     previous = json.loads(state_path.read_text()) if state_path.exists() else {}
     state = {"started_ray": started_ray or previous.get("started_ray", False)}
     state_path.write_text(json.dumps(state))
-    url = deploy(settings, port or settings.port)
+    url = deploy(settings, port)
     wait_healthy(url)
     return {
         "service_url": url,
