@@ -510,7 +510,7 @@ class Recipe:
         """Rank 0 sends a step's metrics to the progress sink without waiting, unless `wait`."""
         if self.rank != 0 or self.sink is None:
             return
-        ref = self.sink.record.remote(self.step, metrics)
+        ref = self.sink.record.remote(int(metrics["step"]), metrics)
         if wait:
             ray.get(ref)
 

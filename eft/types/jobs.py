@@ -124,7 +124,10 @@ class Hyperparameters(_Request):
     micro_batch_size: int = Field(4, ge=1, le=4096, description="Examples per forward pass.")
     max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longer examples are truncated.")
     seed: int = Field(42, ge=0, le=2**31 - 1)
-    log_every_steps: int = Field(1, ge=1, description="Report metrics every this many steps.")
+    log_every_steps: int = Field(1, ge=1, description=(
+        "A metrics row every this many steps (each over the steps since the one before). Rows are "
+        "read off the accelerator together, about once a second of training, so a row per step "
+        "costs the step nothing."))
 
     # Field validators (not a model validator) so these run, and are reported, even when
     # other fields of the same object are invalid.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,9 +55,18 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_s: float, poiso
             math.nan if recipe_of["r"].step == poison_step - 1 else 1.0))
     recipe_of: dict[str, Any] = {}
 
+    def record(step: int, values: dict[str, float]) -> None:
+        assert step == values["step"], f"row of step {values['step']} sent as step {step}"
+        seen["rows"].append(dict(values))
+
     class Recorded(loop.Recipe):
         def _publish(self, metrics: dict[str, float], wait: bool = False) -> None:
-            seen["rows"].append(dict(metrics))
+            # The loop's own call, into a sink that keeps what `ProgressSink.record` is sent.
+            self.sink = SimpleNamespace(record=SimpleNamespace(remote=record))
+            try:
+                super()._publish(metrics)
+            finally:
+                self.sink = None
 
         def _report(self, metrics: dict[str, float], with_checkpoint: bool, reason: str = "interval",
                     final: bool = False) -> None:
