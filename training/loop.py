@@ -584,6 +584,8 @@ class Recipe:
         sync_every, next_sync, steps_at_sync = 1, self.step + 1, self.step
         while self.step < cfg.total_steps and not self.stopped_early:
             grad_norm = self.train_step(window)
+            if self.rank == 0 and self.sink is not None:
+                self.sink.reached.remote(self.step)  # known on the host: nothing waits
             final = self.step == cfg.total_steps
             # Step 1 always has a row: the first loss shows at once, and the first (warm-up)
             # step's time stays apart from the steady state's.

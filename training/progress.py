@@ -90,6 +90,11 @@ class ProgressSink:
                 tracker.log(step, numbers)
         return step
 
+    def reached(self, step: int) -> None:
+        """Rank 0 finished `step` (metrics rows come later, read off the device in batches):
+        the steps a restart trains again count from here."""
+        self.furthest = max(self.furthest, step)
+
     def event(self, type_: str, message: str, data: dict[str, Any]) -> None:
         """An event of the job from rank 0 (an early stop, replies to validation prompts)."""
         self.reporter.event(type_, message, data)
