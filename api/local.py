@@ -162,7 +162,7 @@ class PortTaken(RuntimeError):
     """The service's port is held by a program other than this service."""
 
 
-def check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int, serve_may_hold: bool = False) -> None:
     """Raise `PortTaken` when another program listens on `host:port`. The port may be free, or
     held by this service already (a redeploy: its `/healthz` answers), or by this cluster's
     Ray Serve, which hands it to the new deployment. Serve's ingress cannot take a port that is
@@ -184,9 +184,7 @@ def check_port(host: str, port: int) -> None:
             return
     except (httpx.HTTPError, ValueError):
         pass
-    import ray
-
-    if ray.is_initialized():
+    if serve_may_hold:  # connected to a running cluster
         from ray import serve
 
         if serve.status().applications:
@@ -268,7 +266,7 @@ def deploy(settings: Settings, port: int) -> str:
     import ray
 
     ray.init(address="auto", ignore_reinit_error=True, log_to_driver=False)
-    check_port(settings.host, port)
+    check_port(settings.host, port, serve_may_hold=True)
     deploy_app(_service_env(settings), port, settings.host)
     return f"http://{settings.host}:{port}"
 

@@ -220,14 +220,15 @@ def test_jobs_create_wait(serve):
 
 def test_up_and_down_call_service_local(monkeypatch):
     local = types.SimpleNamespace(
-        up=lambda port, num_cpus: {"service_url": f"http://127.0.0.1:{port}",
+        # The real `up` resolves no port to EFT_PORT (8000 by default).
+        up=lambda port, num_cpus: {"service_url": f"http://127.0.0.1:{port or 'EFT_PORT'}",
                                    "dashboard_url": "http://127.0.0.1:8265", "started_ray": True},
         down=lambda: {"stopped_service": True, "stopped_ray": False},
     )
     monkeypatch.setitem(sys.modules, "eft.api.local", local)
     result = invoke("up", "--port", "8123", "--num-cpus", "2")
     assert result.exit_code == 0 and "http://127.0.0.1:8265" in result.stdout
-    assert json.loads(invoke("up", "--json").stdout)["service_url"] == "http://127.0.0.1:8000"
+    assert json.loads(invoke("up", "--json").stdout)["service_url"] == "http://127.0.0.1:EFT_PORT"
     assert json.loads(invoke("down", "--json").stdout) == {"stopped_service": True,
                                                            "stopped_ray": False}
 
