@@ -3,6 +3,7 @@ schedule, the token loss of a micro-batch, and the memory readings each report c
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -134,11 +135,45 @@ def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, chunk: i
 
 
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum of next-token cross-entropy over the target tokens of a micro-batch (fp32)."""
+    """Sum of next-token cross-entropy over the target tokens of a micro-batch (fp32).
+
+    The model projects only the hidden states of positions that predict a target onto the
+    vocabulary (transformers' `logits_to_keep` with a boolean mask): a prompt, a masked turn or
+    an example's last token costs no output projection, no logits and no softmax. On a chat set
+    that trains the answers only, that is often half of the positions; the output projection is
+    a fifth of a 1B model's weights (Llama 3.2 1B, Qwen2.5 0.5B: more)."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-    logits = model(**inputs, use_cache=False).logits  # no KV cache in training
     # Position t predicts the label at t + 1. The labels are shifted, not the logits: a slice of
     # the logits would cost a zero-filled copy of their whole gradient in backward.
     labels = batch["labels"]
     targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
+    if keeps_logits(model):
+        keep = targets != IGNORE_INDEX
+        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits  # [kept, V]
+        return token_cross_entropy_sum(logits, targets[keep])
+    logits = model(**inputs, use_cache=False).logits  # no KV cache in training
     return token_cross_entropy_sum(logits, targets)
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the model under its wrappers (DDP, DeepSpeed, PEFT) takes a boolean
+    `logits_to_keep` mask: transformers' causal LMs do (`slice_logits_to_keep`); a model whose
+    forward has no such argument computes every position's logits."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP, DeepSpeed's engine
+        model = model.module
+    if hasattr(model, "get_base_model"):  # PEFT
+        model = model.get_base_model()
+    return _forward_keeps_logits(type(model))
+
+
+@functools.cache
+def _forward_keeps_logits(cls: type) -> bool:
+    import inspect
+    import sys
+
+    if "logits_to_keep" not in inspect.signature(cls.forward).parameters:
+        return False
+    # The boolean mask came with `slice_logits_to_keep`; a model that slices by itself would
+    # read a mask as positions.
+    module = sys.modules.get(cls.__module__)
+    return module is not None and hasattr(module, "slice_logits_to_keep")

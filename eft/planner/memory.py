@@ -231,7 +231,9 @@ def loss_chunk_tokens(vocab_size: int) -> int:
 
 def loss_bytes(spec: PlanSpec) -> float:
     """The loss's buffers at their peak, in its forward: the logits and their gradient in the
-    compute dtype, and with 16-bit logits one chunk's fp32 copy."""
+    compute dtype, and with 16-bit logits one chunk's fp32 copy. Counted for every token of the
+    micro-batch: the loss asks for the logits of the positions that predict a target only
+    (`training.steps.token_loss_sum`), and a dataset may train every token."""
     tokens, vocab, e = spec.seq_len * spec.micro_batch, spec.architecture.vocab_size, element_bytes(spec)
     overheads = spec.overheads
     chunk = overheads.loss_chunk_bytes * min(tokens, loss_chunk_tokens(vocab)) * vocab if e < 4 else 0.0

@@ -361,3 +361,59 @@ def test_planned_activations_are_what_autograd_saves(name, method):
     # Exact per layer; the spread is the first layer, whose input needs no gradient under LoRA
     # (its norm and its q/k/v dropouts keep less), a larger share of 2 layers than of 32.
     assert planned == pytest.approx(sum(saved.values()), rel=0.12), (planned, sum(saved.values()))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_loss_projects_only_the_targeted_positions(family, packed):
+    """The training loss asks the model for the logits of the positions that predict a target
+    only (`logits_to_keep`): the output projection sees exactly those rows, and the loss and
+    every LoRA gradient equal those of all positions' logits, on each family's own model (tied
+    or untied output embeddings, Gemma's soft-capping, GPT-2's Conv1D, OPT, Bloom)."""
+    from peft import LoraConfig, get_peft_model
+
+    from eft.service.model_support import inspect_model
+    from eft.training.steps import keeps_logits, token_cross_entropy_sum, token_loss_sum
+    from eft.training.model import peft_target_modules
+
+    name, path = family
+    config = AutoConfig.from_pretrained(path)
+    if packed and not packing_is_exact(config.get_text_config().model_type):
+        return  # trained padded
+    support = inspect_model(str(path))
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager"),
+        LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", init_lora_weights=False,
+                   target_modules=peft_target_modules(support.lora_spec("all-linear"))))
+    assert keeps_logits(model), f"{name}: its causal LM takes no logits_to_keep mask"
+    gen = torch.Generator().manual_seed(2)
+    vocab = min(config.get_text_config().vocab_size, 500)
+    examples = []
+    for n, prompt in ((9, 4), (14, 6), (6, 5)):  # a prompt that is not trained, then the answer
+        ids = torch.randint(5, vocab, (n,), generator=gen).tolist()
+        examples.append(Example(ids, [IGNORE_INDEX] * prompt + ids[prompt:]))
+    if packed:
+        batch = collate_packed(examples, 0)
+        inputs = {k: batch[k] for k in ("input_ids", "position_ids")}
+    else:
+        from eft.training.data import collate
+
+        batch = collate(examples, config.get_text_config().pad_token_id or 0)
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    labels = batch["labels"]
+    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
+
+    rows = []
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+    kept = token_loss_sum(model, {**inputs, "labels": labels})
+    kept_grads = torch.autograd.grad(kept, [p for p in model.parameters() if p.requires_grad])
+    all_logits = model(**inputs, use_cache=False).logits
+    full = token_cross_entropy_sum(all_logits, targets)
+    full_grads = torch.autograd.grad(full, [p for p in model.parameters() if p.requires_grad])
+    hook.remove()
+
+    assert rows[0] == int((targets != IGNORE_INDEX).sum()) < rows[1] == targets.numel(), (name, rows)
+    torch.testing.assert_close(kept, full, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    for a, b in zip(kept_grads, full_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
