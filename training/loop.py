@@ -331,12 +331,12 @@ class Recipe:
         pin = self.device.type == "cuda"
         for i, (host_batch, tokens, weight) in enumerate(micro_batches):
             batch = self._to_device(host_batch, pin)
-            bounds = sequence_bounds(host_batch) if self.dpo else None
-            reference = self._reference_logps(batch, bounds) if self.dpo else None
+            sequences = sequence_bounds(host_batch) if self.dpo else None
+            reference = self._reference_logps(batch, sequences) if self.dpo else None
             with strategy.accumulate(last=i == len(micro_batches) - 1):
                 with strategy.autocast():
                     if self.dpo:
-                        loss_sum, sums = micro_batch_loss(pair_logps(strategy.model, batch, bounds), reference,
+                        loss_sum, sums = micro_batch_loss(pair_logps(strategy.model, batch, sequences), reference,
                                                           self.cfg.dpo_beta, weight)
                     else:
                         loss_sum = token_loss_sum(strategy.model, batch) * weight
@@ -353,7 +353,7 @@ class Recipe:
         return grad_norm
 
     @torch.no_grad()
-    def _reference_logps(self, batch: dict[str, Any], bounds: Any) -> torch.Tensor:
+    def _reference_logps(self, batch: dict[str, Any], sequences: Any) -> torch.Tensor:
         """DPO: the micro-batch's sequence log-probabilities under the reference model: the
         frozen copy (full fine-tuning), or the trained model with its adapter switched off."""
         import contextlib
@@ -363,7 +363,7 @@ class Recipe:
         else:
             model, switched_off = self.strategy.model, self.strategy.module.disable_adapter()
         with switched_off, self.strategy.autocast():
-            return pair_logps(model, batch, bounds)
+            return pair_logps(model, batch, sequences)
 
     def _close_row(self, window: Window, grad_norm: Any) -> LoggedRow:
         """End the metrics window at this step: what the host knows is taken now, the device's
@@ -685,10 +685,10 @@ class Recipe:
             part = self.valid_examples[start : start + chunk]
             mine = [part[i] for i in shard_for_rank(list(range(len(part))), self.rank, self.world_size)]
             host = collate(pair_sequences(mine or part[:1]), self.pad_id)
-            batch, bounds = {k: v.to(self.device) for k, v in host.items()}, sequence_bounds(host)
-            reference = self._reference_logps(batch, bounds)
+            batch, sequences = {k: v.to(self.device) for k, v in host.items()}, sequence_bounds(host)
+            reference = self._reference_logps(batch, sequences)
             with self.strategy.autocast():
-                policy = pair_logps(model, batch, bounds)
+                policy = pair_logps(model, batch, sequences)
             loss_sum, sums = micro_batch_loss(policy, reference, self.cfg.dpo_beta, 1.0 if mine else 0.0)
             for name, value in {"loss": loss_sum, **sums}.items():
                 totals[name] += float(value)

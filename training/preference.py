@@ -123,9 +123,9 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, bounds: Sequence[
     (`steps.token_cross_entropy_sum`), so full-vocabulary fp32 log-probabilities never exist."""
     import torch
 
-    from eft.training.steps import token_cross_entropy_sum
+    from eft.training.steps import next_token_targets, token_cross_entropy_sum
 
-    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
+    targets = next_token_targets(labels)
     return torch.stack([-token_cross_entropy_sum(logits[row, start:end], targets[row, start:end])
                         for row, start, end in bounds])
 
@@ -147,14 +147,32 @@ def pair_sequences(pairs: Sequence[Pair]) -> list[Example]:
     return [p.chosen for p in pairs] + [p.rejected for p in pairs]
 
 
-def sequence_bounds(batch: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]:
-    """(row, start, end) of each sequence of a collated batch: the packed boundaries of its one
-    row, or each padded row whole."""
+@dataclass(frozen=True)
+class Sequences:
+    """Where a collated micro-batch's sequences are: `bounds` (row, start, end) within its rows,
+    and `targets`, each sequence's positions that predict a trained token as a (start, end) span
+    of all such positions in row-major order (the rows of the logits the model keeps)."""
+
+    bounds: list[tuple[int, int, int]]
+    targets: list[tuple[int, int]]
+
+
+def sequence_bounds(batch: dict[str, torch.Tensor]) -> Sequences:
+    """The sequences of a collated batch on the host: the packed boundaries of its one row, or
+    each padded row whole."""
+    from eft.training.steps import next_token_targets
+
+    rows, length = batch["input_ids"].shape
     if "cu_seq_lens" in batch:
         cuts = batch["cu_seq_lens"].tolist()
-        return [(0, cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
-    rows, length = batch["input_ids"].shape
-    return [(row, 0, length) for row in range(rows)]
+        bounds = [(0, cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+    else:
+        bounds = [(row, 0, length) for row in range(rows)]
+    # Targeted positions before each flat position: the spans are differences of it.
+    before = (next_token_targets(batch["labels"]) != IGNORE_INDEX).flatten().cumsum(0).tolist()
+    before.insert(0, 0)
+    return Sequences(bounds, [(before[row * length + start], before[row * length + end])
+                              for row, start, end in bounds])
 
 
 #: Metrics of a DPO step, summed over the pairs (the loop divides by the pair count).
@@ -175,11 +193,21 @@ def micro_batch_loss(policy: torch.Tensor, reference: torch.Tensor, beta: float,
     return losses.sum() * weight, sums
 
 
-def pair_logps(model: Any, batch: dict[str, Any], bounds: Sequence[tuple[int, int, int]]) -> torch.Tensor:
+def pair_logps(model: Any, batch: dict[str, Any], sequences: Sequences) -> torch.Tensor:
     """Summed log-probabilities of a collated micro-batch's sequences (`pair_sequences` order)
-    under `model`, on the device."""
-    from eft.training.steps import MODEL_INPUTS
+    under `model`, on the device. The model projects only the positions that predict a trained
+    token (`steps.token_loss_sum`): the pair's shared prompt costs no logits."""
+    import torch
+
+    from eft.training.steps import MODEL_INPUTS, keeps_logits, next_token_targets, token_cross_entropy_sum
 
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-    logits = model(**inputs, use_cache=False).logits
-    return sequence_logps(logits, batch["labels"], bounds)
+    if not keeps_logits(model):
+        logits = model(**inputs, use_cache=False).logits
+        return sequence_logps(logits, batch["labels"], sequences.bounds)
+    targets = next_token_targets(batch["labels"])
+    keep = targets != IGNORE_INDEX
+    logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits  # [kept, V]
+    targets = targets[keep]
+    return torch.stack([-token_cross_entropy_sum(logits[start:end], targets[start:end])
+                        for start, end in sequences.targets])

@@ -143,16 +143,20 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     that trains the answers only, that is often half of the positions; the output projection is
     a fifth of a 1B model's weights (Llama 3.2 1B, Qwen2.5 0.5B: more)."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-    # Position t predicts the label at t + 1. The labels are shifted, not the logits: a slice of
-    # the logits would cost a zero-filled copy of their whole gradient in backward.
-    labels = batch["labels"]
-    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
+    targets = next_token_targets(batch["labels"])
     if keeps_logits(model):
         keep = targets != IGNORE_INDEX
         logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits  # [kept, V]
         return token_cross_entropy_sum(logits, targets[keep])
     logits = model(**inputs, use_cache=False).logits  # no KV cache in training
     return token_cross_entropy_sum(logits, targets)
+
+
+def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
+    """What each position predicts: position t the label at t + 1 (-100 at each row's end). The
+    labels are shifted, not the logits: a slice of the logits would cost a zero-filled copy of
+    their whole gradient in backward."""
+    return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
 
 
 def keeps_logits(model: torch.nn.Module) -> bool:

@@ -62,12 +62,12 @@ def _our_loss(model, pairs: list[Pair], pad_id: int, beta: float, packed: bool =
     """The mean DPO loss of `pairs` as the training loop computes it (training/loop.py)."""
     sequences = pair_sequences(pairs)
     host = collate_packed(sequences, pad_id) if packed else collate(sequences, pad_id)
-    bounds = sequence_bounds(host)
+    sequence_spans = sequence_bounds(host)
     batch = packed_inputs(host, torch.device("cpu"), "sdpa") if packed else dict(host)
     batch["labels"] = host["labels"]
     with torch.no_grad(), model.disable_adapter():
-        reference = pair_logps(model, batch, bounds)
-    loss_sum, _ = micro_batch_loss(pair_logps(model, batch, bounds), reference, beta)
+        reference = pair_logps(model, batch, sequence_spans)
+    loss_sum, _ = micro_batch_loss(pair_logps(model, batch, sequence_spans), reference, beta)
     return loss_sum / len(pairs)
 
 
