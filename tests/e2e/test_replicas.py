@@ -13,7 +13,7 @@ from tests.e2e.conftest import wait_for
 from tests.e2e.test_recovery import _body, _events, _post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
-JOBS = 4
+JOBS = 3
 
 
 @pytest.fixture
