@@ -178,6 +178,7 @@ def _forward_keeps_logits(cls: type) -> bool:
     if "logits_to_keep" not in inspect.signature(cls.forward).parameters:
         return False
     # The boolean mask came with `slice_logits_to_keep`; a model that slices by itself would
-    # read a mask as positions.
-    module = sys.modules.get(cls.__module__)
+    # read a mask as positions. The module of the forward, not of the class: FSDP2 swaps in a
+    # class of its own making (`FSDPLlamaForCausalLM`) that inherits the model's forward.
+    module = sys.modules.get(cls.forward.__module__)
     return module is not None and hasattr(module, "slice_logits_to_keep")

@@ -148,3 +148,35 @@ def test_the_model_loss_pairs_each_position_with_the_next_label() -> None:
     logits = model(input_ids=input_ids).logits
     expected = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), reduction="sum")
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_models_under_every_wrapper_project_only_the_targets() -> None:
+    """`keeps_logits` sees the causal LM under DDP's or DeepSpeed's `.module`, PEFT, and the class
+    FSDP2's `fully_shard` swaps in (made as torch makes it: a subclass of the model's in torch's
+    own module); a model whose forward has no `logits_to_keep` gets every position's logits."""
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.fsdp import FSDPModule
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eft.training.steps import keeps_logits
+
+    def tiny() -> LlamaForCausalLM:
+        return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+
+    class Wrapper(torch.nn.Module):  # DDP and DeepSpeed's engine hold the model as `.module`
+        def __init__(self, module: torch.nn.Module):
+            super().__init__()
+            self.module = module
+
+    sharded = tiny()
+    sharded.__class__ = type(f"FSDP{LlamaForCausalLM.__name__}", (FSDPModule, LlamaForCausalLM), {})
+    sharded.__class__.__module__ = FSDPModule.__module__
+    peft = get_peft_model(tiny(), LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    assert all(keeps_logits(m) for m in (tiny(), Wrapper(tiny()), peft, Wrapper(peft), sharded))
+
+    class Plain(torch.nn.Module):
+        def forward(self, input_ids):  # noqa: ANN001, ANN202
+            return input_ids
+
+    assert not keeps_logits(Plain()) and not keeps_logits(Wrapper(Plain()))
