@@ -86,16 +86,7 @@ def measure(kind: str, config: dict, tokens: int, repeats: int) -> dict:
     ways = {"every": every_position, "trained": lambda: token_loss_sum(model, batch)}
     with torch.no_grad():
         losses = {name: float(way()) for name, way in ways.items()}
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    # A, B, B, A, ...: whichever runs first in a round pays for the other's freed memory; the
-    # first round warms both up and is not counted.
-    for round_ in range(repeats + 1):
-        for name in (list(ways) if round_ % 2 == 0 else list(ways)[::-1]):
-            model.zero_grad(set_to_none=True)
-            started = time.perf_counter()
-            ways[name]().backward()
-            if round_:
-                times[name].append(time.perf_counter() - started)
+    times = alternating(ways, repeats, lambda: model.zero_grad(set_to_none=True))
     kept = int((targets != -100).sum())
     return {"tokens": int(host["input_ids"].numel()), "kept": kept, "examples": len(host["cu_seq_lens"]) - 1,
             "losses": losses, "times": times, "head": head_times(model, targets, repeats),
@@ -115,10 +106,17 @@ def head_times(model, targets, repeats: int) -> dict[str, list[float]]:
     keep = targets != -100
     ways = {"every": lambda: token_cross_entropy_sum(head(hidden), targets),
             "trained": lambda: token_cross_entropy_sum(head(hidden[keep]), targets[keep])}
+    return alternating(ways, 2 * repeats, lambda: setattr(hidden, "grad", None))
+
+
+def alternating(ways: dict, repeats: int, reset) -> dict[str, list[float]]:  # noqa: ANN001
+    """Seconds of each way's loss and backward, `repeats` times each, in the order A, B, B, A, ...:
+    whichever runs first in a round pays for memory the other freed. A first round warms both
+    up and is not counted."""
     times: dict[str, list[float]] = {name: [] for name in ways}
-    for round_ in range(2 * repeats + 1):
+    for round_ in range(repeats + 1):
         for name in (list(ways) if round_ % 2 == 0 else list(ways)[::-1]):
-            hidden.grad = None
+            reset()
             started = time.perf_counter()
             ways[name]().backward()
             if round_:
