@@ -11,6 +11,7 @@ import torch
 
 from eft.training.attention import VARLEN_NAMES, register as register_varlen_attention
 from eft.training.config import LoraSpec, TrainConfig
+from eft.training.lora import fuse_lora_updates
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -136,7 +137,9 @@ def load_trainable_model(cfg: TrainConfig) -> torch.nn.Module:
     )
     # Seeded so every rank builds identical adapters (DDP also broadcasts rank 0's at wrap).
     torch.manual_seed(cfg.seed)
-    return get_peft_model(model, lora_config)
+    model = get_peft_model(model, lora_config)
+    fuse_lora_updates(model, cfg.strategy)  # training/lora.py: one addmm for each layer's update
+    return model
 
 
 def load_reference_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:

@@ -417,3 +417,64 @@ def test_loss_projects_only_the_targeted_positions(family, packed):
     torch.testing.assert_close(kept, full, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
     for a, b in zip(kept_grads, full_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_fused_lora_update_is_pefts_own(family):
+    """`training/lora.py` sums each LoRA update into its layer's output with one `addmm` (the
+    scaling on the rank-sized activation): on every family's own model the loss, every LoRA
+    gradient and the merged weights equal PEFT's forward's, every LoRA linear layer runs the
+    fused forward, and the saved adapter is the same tensors under the same names."""
+    from peft import LoraConfig, get_peft_model
+
+    from eft.service.model_support import inspect_model
+    from eft.training.data import collate
+    from eft.training.lora import FusedLora, fuse_lora_updates
+    from eft.training.model import peft_target_modules
+    from eft.training.steps import token_loss_sum
+
+    name, path = family
+    config = AutoConfig.from_pretrained(path)
+    support = inspect_model(str(path))
+    torch.manual_seed(0)
+    # alpha / r = 1.5: a scaling that rounds (a power of two would hide a misplaced scaling)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager"),
+        LoraConfig(r=4, lora_alpha=6, task_type="CAUSAL_LM", init_lora_weights=False,
+                   target_modules=peft_target_modules(support.lora_spec("all-linear"))))
+    gen = torch.Generator().manual_seed(3)
+    vocab = min(config.get_text_config().vocab_size, 500)
+    examples = []
+    for n, prompt in ((11, 4), (7, 3)):
+        ids = torch.randint(5, vocab, (n,), generator=gen).tolist()
+        examples.append(Example(ids, [IGNORE_INDEX] * prompt + ids[prompt:]))
+    batch = collate(examples, config.get_text_config().pad_token_id or 0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_and_grads():
+        loss = token_loss_sum(model, batch)
+        return loss, torch.autograd.grad(loss, trainable)
+
+    stock_loss, stock_grads = loss_and_grads()
+    saved = {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
+    layers = [m for m in model.modules() if hasattr(m, "lora_variant") and m.lora_A]
+    assert fuse_lora_updates(model, "ddp") == len(layers) > 0, name
+    calls = []
+    original = FusedLora.forward
+    FusedLora.forward = staticmethod(lambda *a, **k: calls.append(1) or original(*a, **k))
+    try:
+        fused_loss, fused_grads = loss_and_grads()
+    finally:
+        FusedLora.forward = staticmethod(original)
+    assert len(calls) == len(layers), (name, len(calls), len(layers))
+    torch.testing.assert_close(fused_loss, stock_loss, rtol=1e-6, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    for a, b in zip(fused_grads, stock_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    assert {k: v for k, v in model.state_dict().items() if "lora_" in k}.keys() == saved.keys()
+    # Merging goes through the variant too: the same weights as PEFT's vanilla merge.
+    layer = layers[0]
+    delta = layer.get_delta_weight("default")
+    before = layer.get_base_layer().weight.detach().clone()
+    layer.merge(safe_merge=True)
+    torch.testing.assert_close(layer.get_base_layer().weight, before + delta)
+    layer.unmerge()
+    torch.testing.assert_close(layer.get_base_layer().weight, before)
