@@ -4,7 +4,7 @@
 # make gpu-check - on a machine with CUDA: the packed-attention tests on flash-attention and the
 #               GPU rows of BENCHMARKS.md (the product's loop per strategy: tokens/s, MFU, memory)
 # make bench  - set up if needed, then the benchmarks: planner vs measured memory, recovery costs,
-#               the loss on trained positions only, speed vs transformers.Trainer + PEFT, service overhead,
+#               the loss on trained positions only, the fused LoRA update, speed vs transformers.Trainer + PEFT, service overhead,
 #               start and API latency, GPU MFU (BENCHMARKS.md)
 
 PYTHON ?= python3
@@ -56,6 +56,7 @@ bench: setup
 	$(PY) bench/memory.py
 	$(PY) bench/activations.py
 	$(PY) bench/loss_positions.py
+	$(PY) bench/lora_fused.py
 	$(PY) bench/recovery.py
 	$(PY) bench/speed.py
 	$(PY) bench/gpu.py
