@@ -127,8 +127,10 @@ def service(ray_cluster, tmp_path_factory):
         "EFT_PREEMPTION_POLL_INTERVAL_S": "0.5",
         "EFT_WORKER_START_TIMEOUT_S": "20",
         "EFT_DISPATCH_GRACE_S": "5",
-        # Every test calls as one tenant: let it run as many jobs at once as the cluster does.
-        "EFT_MAX_RUNNING_JOBS_PER_TENANT": "4",
+        # Every test calls as one tenant: let it run as many jobs at once as the cluster does
+        # (6 one-worker jobs start side by side within Ray Train's 20 s worker-group timeout
+        # here; the families test runs 13 jobs).
+        "EFT_MAX_RUNNING_JOBS_PER_TENANT": "6",
         # The custom resource the spot-node tests label their nodes with.
         "EFT_ALLOWED_WORKER_RESOURCES": '["eft_test_spot"]',
         "EFT_SPOT_RESOURCES": '["eft_test_spot"]',
