@@ -16,17 +16,14 @@ that differs. Models built from config (random weights, nothing downloaded), the
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from bench.loss_positions import MODELS, alternating, examples  # noqa: E402
-from bench.report import replace_section  # noqa: E402
+from bench.loss_positions import alternating, examples, run_models  # noqa: E402
 
 SECTION = "## LoRA's update in one matrix product"
 
@@ -110,19 +107,7 @@ def render(rows: list[tuple[str, dict]], repeats: int, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=8)
-    parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
-    args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(2)
-    started = time.perf_counter()
-    rows = [(label, measure(kind, config, tokens, args.repeats)) for label, kind, config, tokens in MODELS]
-    section = render(rows, args.repeats, time.perf_counter() - started)
-    print(section)
-    replace_section(args.output, SECTION, section)
-    return 0
+    return run_models(__doc__.splitlines()[0], SECTION, measure, render, argv)
 
 
 if __name__ == "__main__":

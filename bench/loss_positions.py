@@ -150,8 +150,10 @@ def render(rows: list[tuple[str, dict]], repeats: int, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_models(description: str, section: str, measure, render, argv: list[str] | None) -> int:  # noqa: ANN001
+    """A micro-batch bench's command line: `measure(kind, config, tokens, repeats)` on each of
+    MODELS, then `render(rows, repeats, seconds)` printed and written as `section`."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     args = parser.parse_args(argv)
@@ -160,10 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     started = time.perf_counter()
     rows = [(label, measure(kind, config, tokens, args.repeats)) for label, kind, config, tokens in MODELS]
-    section = render(rows, args.repeats, time.perf_counter() - started)
-    print(section)
-    replace_section(args.output, SECTION, section)
+    text = render(rows, args.repeats, time.perf_counter() - started)
+    print(text)
+    replace_section(args.output, section, text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_models(__doc__.splitlines()[0], SECTION, measure, render, argv)
 
 
 if __name__ == "__main__":
