@@ -363,35 +363,47 @@ def test_planned_activations_are_what_autograd_saves(name, method):
     assert planned == pytest.approx(sum(saved.values()), rel=0.12), (planned, sum(saved.values()))
 
 
+def _lora_family_model(path: Path, alpha: int):
+    """The family's model in fp32 with LoRA r 4 on every linear layer, B non-zero."""
+    from peft import LoraConfig, get_peft_model
+
+    from eft.service.model_support import inspect_model
+    from eft.training.model import peft_target_modules
+
+    support = inspect_model(str(path))
+    torch.manual_seed(0)
+    return get_peft_model(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager"),
+        LoraConfig(r=4, lora_alpha=alpha, task_type="CAUSAL_LM", init_lora_weights=False,
+                   target_modules=peft_target_modules(support.lora_spec("all-linear"))))
+
+
+def _prompted_examples(config, seed: int, shapes: tuple[tuple[int, int], ...]) -> list[Example]:
+    """Random examples of (length, prompt) tokens: a prompt that is not trained, then the answer."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(config.get_text_config().vocab_size, 500)
+    examples = []
+    for n, prompt in shapes:
+        ids = torch.randint(5, vocab, (n,), generator=gen).tolist()
+        examples.append(Example(ids, [IGNORE_INDEX] * prompt + ids[prompt:]))
+    return examples
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_loss_projects_only_the_targeted_positions(family, packed):
     """The training loss asks the model for the logits of the positions that predict a target
     only (`logits_to_keep`): the output projection sees exactly those rows, and the loss and
     every LoRA gradient equal those of all positions' logits, on each family's own model (tied
     or untied output embeddings, Gemma's soft-capping, GPT-2's Conv1D, OPT, Bloom)."""
-    from peft import LoraConfig, get_peft_model
-
-    from eft.service.model_support import inspect_model
     from eft.training.steps import keeps_logits, token_cross_entropy_sum, token_loss_sum
-    from eft.training.model import peft_target_modules
 
     name, path = family
     config = AutoConfig.from_pretrained(path)
     if packed and not packing_is_exact(config.get_text_config().model_type):
         return  # trained padded
-    support = inspect_model(str(path))
-    torch.manual_seed(0)
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager"),
-        LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", init_lora_weights=False,
-                   target_modules=peft_target_modules(support.lora_spec("all-linear"))))
+    model = _lora_family_model(path, alpha=8)
     assert keeps_logits(model), f"{name}: its causal LM takes no logits_to_keep mask"
-    gen = torch.Generator().manual_seed(2)
-    vocab = min(config.get_text_config().vocab_size, 500)
-    examples = []
-    for n, prompt in ((9, 4), (14, 6), (6, 5)):  # a prompt that is not trained, then the answer
-        ids = torch.randint(5, vocab, (n,), generator=gen).tolist()
-        examples.append(Example(ids, [IGNORE_INDEX] * prompt + ids[prompt:]))
+    examples = _prompted_examples(config, 2, ((9, 4), (14, 6), (6, 5)))
     if packed:
         batch = collate_packed(examples, 0)
         inputs = {k: batch[k] for k in ("input_ids", "position_ids")}
@@ -424,30 +436,15 @@ def test_fused_lora_update_is_pefts_own(family):
     scaling on the rank-sized activation): on every family's own model the loss, every LoRA
     gradient and the merged weights equal PEFT's forward's, every LoRA linear layer runs the
     fused forward, and the saved adapter is the same tensors under the same names."""
-    from peft import LoraConfig, get_peft_model
-
-    from eft.service.model_support import inspect_model
     from eft.training.data import collate
     from eft.training.lora import FusedLora, fuse_lora_updates
-    from eft.training.model import peft_target_modules
     from eft.training.steps import token_loss_sum
 
     name, path = family
     config = AutoConfig.from_pretrained(path)
-    support = inspect_model(str(path))
-    torch.manual_seed(0)
     # alpha / r = 1.5: a scaling that rounds (a power of two would hide a misplaced scaling)
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager"),
-        LoraConfig(r=4, lora_alpha=6, task_type="CAUSAL_LM", init_lora_weights=False,
-                   target_modules=peft_target_modules(support.lora_spec("all-linear"))))
-    gen = torch.Generator().manual_seed(3)
-    vocab = min(config.get_text_config().vocab_size, 500)
-    examples = []
-    for n, prompt in ((11, 4), (7, 3)):
-        ids = torch.randint(5, vocab, (n,), generator=gen).tolist()
-        examples.append(Example(ids, [IGNORE_INDEX] * prompt + ids[prompt:]))
-    batch = collate(examples, config.get_text_config().pad_token_id or 0)
+    model = _lora_family_model(path, alpha=6)
+    batch = collate(_prompted_examples(config, 3, ((11, 4), (7, 3))), config.get_text_config().pad_token_id or 0)
     trainable = [p for p in model.parameters() if p.requires_grad]
 
     def loss_and_grads():
