@@ -1,6 +1,9 @@
 # make setup  - create .venv with torch (CPU wheel pinned first) and this project, build the bundled model
 # make demo   - set up if needed, then run a real LoRA job through the running service
-# make test   - set up if needed, then run the whole test suite
+# make test   - set up if needed, then the whole test suite, tier by tier in order of cost (unit,
+#               integration, training, e2e), stopping at the first tier that fails; each tier's
+#               time against its budget (tests/budgets.toml) at the end
+# make check  - the inner loop: the unit and integration tiers (under 10 minutes)
 # make gpu-check - on a machine with CUDA: the packed-attention tests on flash-attention and the
 #               GPU rows of BENCHMARKS.md (the product's loop per strategy: tokens/s, MFU, memory)
 # make bench  - set up if needed, then the benchmarks: planner vs measured memory, recovery costs,
@@ -15,7 +18,7 @@ STAMP := $(VENV)/.eft-setup-done
 MODEL := assets/models/tiny-llama/config.json
 FAMILIES := assets/models/.families-built
 
-.PHONY: setup demo test test-unit clean bench chromium gpu-check
+.PHONY: setup demo test check test-unit clean bench chromium gpu-check
 
 setup: $(STAMP) $(MODEL) $(FAMILIES)
 
@@ -42,10 +45,13 @@ demo: setup
 	$(PY) examples/demo.py
 
 test: setup chromium
-	$(PY) -m pytest tests
+	$(PY) tests/tiers.py unit integration training e2e
+
+check: setup
+	$(PY) tests/tiers.py unit integration
 
 test-unit: setup
-	$(PY) -m pytest tests/unit
+	$(PY) tests/tiers.py unit
 
 clean:
 	rm -rf $(VENV) assets/models
@@ -65,5 +71,5 @@ bench: setup
 # Where CUDA exists: packed = unpacked loss and gradients, and no cross-example attention, under
 # flash-attention's varlen kernel (skipped without CUDA and flash-attn), then bench/gpu.py.
 gpu-check: setup
-	$(PY) -m pytest -q tests/unit/test_packing.py
+	$(PY) -m pytest -q tests/unit/training/test_packing.py
 	$(PY) bench/gpu.py

@@ -4,7 +4,7 @@ KubeRay RayService's `serveConfigV2`.
 `eft up` (api/local.py:deploy_app) deploys the application this module describes; the
 files under deploy/ embed the same config, rendered. After changing it, render them again:
     .venv/bin/python -m eft.api.serve_config
-(tests/unit/test_deploy_files.py fails while a rendered copy differs from this source).
+(tests/unit/deploy/test_deploy_files.py fails while a rendered copy differs from this source).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ Other layouts keep tensors it does not count: Gemma's four norms per layer, Qwen
 norms, GPT-2's dropouts (0.1 on attention, residuals and embeddings) and its GELU written as
 Python arithmetic (each step saved), Pythia's parallel residual; OPT keeps less than counted.
 A ratio below 1 under-predicts; the test suite holds the described families within 12%
-(`tests/integration/test_families.py`).
+(`tests/training/test_families.py`).
 """.split()), ""]
     return "\n".join(lines)
 

@@ -100,7 +100,7 @@ def render(rows: list[tuple[str, dict]], repeats: int, seconds: float) -> str:
                      f"{layer_peft:.1f} / {layer_fused:.1f} | {layer_peft / layer_fused:.2f}x |")
     lines += ["", "The loss is the same either way (to fp32 round-off: "
               + "; ".join(f"{r['losses']['peft']:.4f} vs {r['losses']['fused']:.4f}" for _, r in rows)
-              + "); tests/integration/test_families.py checks loss, gradients and merged weights on every "
+              + "); tests/training/test_families.py checks loss, gradients and merged weights on every "
               "family's model. PEFT's forward stays where the fused one cannot apply: ZeRO-3 (parameters "
               "gathered by each module's own forward hooks), DoRA, a bias on `lora_B`, quantised (QLoRA) layers."]
     return "\n".join(lines)

@@ -146,7 +146,7 @@ def render(rows: list[tuple[str, dict]], repeats: int, seconds: float) -> str:
                      f"{head_trained:.0f} | {mb(r['tokens']):.0f} / {mb(r['kept']):.0f} |")
     lines += ["", "The loss is the same either way (to fp32 round-off: "
               + "; ".join(f"{r['losses']['every']:.4f} vs {r['losses']['trained']:.4f}" for _, r in rows)
-              + "); tests/integration/test_families.py checks loss and gradients on every family's model."]
+              + "); tests/training/test_families.py checks loss and gradients on every family's model."]
     return "\n".join(lines)
 
 

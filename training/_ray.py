@@ -5,7 +5,7 @@ processes, or for reading a delivered preemption notice without a round trip, so
 the loop reach into `ray.train.v2._internal`; the local stack asks `ray._private` where the
 recorded cluster is, and for the headers that carry the cluster's token; the scheduler reads each
 node's free resources as Ray's dashboard and autoscaler do (`available_resources_per_node`). Those modules change between Ray releases: pyproject.toml pins Ray to
-`TESTED_RAY_VERSION` and tests/unit/test_ray_internals.py checks both that pin and that nothing
+`TESTED_RAY_VERSION` and tests/unit/training/test_ray_internals.py checks both that pin and that nothing
 outside this module imports a private Ray module.
 """
 

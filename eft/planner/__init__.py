@@ -15,7 +15,7 @@ Modules: `architectures` (the closed registry, config.json loading, parameter co
 (the question and the candidate configurations), `memory` (the three memory terms and their
 formulas), `timing` (the relative-time heuristics), `planning` (`plan`, `nearest_fit`).
 The model follows "A Study of Optimizations for Fine-tuning Large Language Models" (Singh et al.,
-2024): its Table 1 and Figure 4 are the planner's tests (tests/unit/test_planner.py).
+2024): its Table 1 and Figure 4 are the planner's tests (tests/unit/client/test_planner.py).
 """
 
 from eft.planner.architectures import (

@@ -1,111 +1,15 @@
-"""One local Ray cluster and one deployed service for the whole e2e session.
-
-Ray starts with more logical CPUs than the machine has cores so that a 2-worker job, its
-driver and the service fit at once; every e2e test shares this cluster, because each Ray start
-costs seconds here.
-"""
+"""The service deployed on Ray Serve once for the whole e2e session, on the process's shared
+local Ray (tests/conftest.py:ray_cluster); every journey talks to it over HTTP
+(tests/helpers/service_api.py)."""
 
 from __future__ import annotations
 
-import os
-import secrets
-import time
-from pathlib import Path
+import tomllib
 
-import httpx
 import pytest
-from pydantic import BaseModel
 
-from eft import Client
-
-# The one HTTP client e2e tests talk to the service with (absolute URLs), so that headers the
-# service requires, such as credentials, are set in one place by the `service` fixture.
-api = httpx.Client(timeout=60)
-ADMIN_KEY = "eft-e2e-admin-" + secrets.token_urlsafe(16)
-
-
-def use_admin_key() -> str:
-    """Make `api` call as the deployments' bootstrap admin; returns the key to deploy with.
-
-    Tests import `api` and ADMIN_KEY as tests.e2e.conftest, which pytest may have loaded under
-    another module name than this conftest: the header goes on that module's client too."""
-    from tests.e2e import conftest as shared
-
-    for client in {id(api): api, id(shared.api): shared.api}.values():
-        client.headers["Authorization"] = f"Bearer {shared.ADMIN_KEY}"
-    return shared.ADMIN_KEY
-
-
-_CLIENTS: dict[str, "Client"] = {}
-
-
-def client(url: str) -> Client:
-    """The `eft.Client` the e2e tests drive the service with, as the deployments' bootstrap
-    admin (tenant "default"). Raw HTTP (`api`) is kept for what the client does not expose."""
-    from tests.e2e import conftest as shared
-
-    if url not in _CLIENTS:
-        _CLIENTS[url] = Client(base_url=url, api_key=shared.ADMIN_KEY, timeout=60)
-    return _CLIENTS[url]
-
-
-def key_for(home: Path, tenant: str) -> str:
-    """A user key of `tenant`, made in the service's own store (as `eft keys create` does)."""
-    from eft.service.auth import KeyStore
-    from eft.service.settings import Settings
-    from eft.service.store import Store
-
-    store = Store(Settings(home=home, database_url=None).resolved_database_url)
-    try:
-        return KeyStore(store.engine).create(tenant, "user", name="e2e")[1]
-    finally:
-        store.close()
-
-
-def as_json(model: BaseModel) -> dict:
-    """A client answer as the JSON the REST API sent."""
-    return model.model_dump(mode="json")
-
-
-def _free_port() -> int:
-    """A port for a server to bind soon (api/local.py:listen_ports)."""
-    from eft.api.local import listen_ports
-
-    return listen_ports(1)[0]
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    import ray
-
-    from eft.api.local import listen_ports, ray_node_env
-
-    # The node's processes start with the environment `eft up` gives a node (Serve's settings,
-    # the workers' priority).
-    os.environ.update(ray_node_env(os.environ))
-    # Ports the servers bind later, picked where no outbound connection of the starting cluster
-    # can take them first (api/local.py:listen_ports).
-    dashboard_port, metrics_port = listen_ports(2)
-    ray.init(
-        # Always a fresh cluster of our own, never one a stale `ray start` left behind.
-        address="local",
-        num_cpus=8,
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        dashboard_port=dashboard_port,
-        log_to_driver=False,
-        configure_logging=False,
-        # The node's Prometheus endpoint, at a known port, with metrics exported every second
-        # (default 10 s) so that tests see a short job's training metrics while it runs.
-        _metrics_export_port=metrics_port,
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
-    yield {"dashboard_url": f"http://127.0.0.1:{dashboard_port}",
-           "ray_metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}
-    from ray import serve
-
-    serve.shutdown()
-    ray.shutdown()
+from tests.helpers.service_api import free_port, use_admin_key
+from tests.helpers.spot import SpotNodes
 
 
 @pytest.fixture(scope="session")
@@ -149,7 +53,7 @@ def service(ray_cluster, tmp_path_factory):
         # The tests call as the deployment's bootstrap admin (tenant "default").
         "EFT_ADMIN_API_KEY": use_admin_key(),
     }
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     deploy_app(env, port)
     wait_healthy(url)
@@ -162,16 +66,43 @@ def service(ray_cluster, tmp_path_factory):
     yield {"url": url, "home": home, **ray_cluster, "env": env, "restart": restart}
 
 
-def wait_for(job_id: str, url: str, statuses: set[str], timeout_s: float = 420) -> dict:
-    """Poll a job until its status is in `statuses`; fail with its events if it ends elsewhere."""
-    deadline = time.monotonic() + timeout_s
-    terminal = {"succeeded", "failed", "cancelled"}
-    while time.monotonic() < deadline:
-        job = as_json(client(url).jobs.retrieve(job_id))
-        if job["status"] in statuses:
-            return job
-        if job["status"] in terminal:
-            events = as_json(client(url).jobs.list_events(job_id, limit=1000))["data"]
-            pytest.fail(f"job ended {job['status']}: {job.get('error')}\n{events}")
-        time.sleep(0.5)
-    pytest.fail(f"job {job_id} did not reach {statuses} in {timeout_s}s; last: {job['status']}")
+@pytest.fixture(scope="session")
+def journey(service):
+    """Every job of the e2e tier that runs undisturbed to its end, submitted at once the first
+    time a test asks (the service runs up to EFT_MAX_RUNNING_JOBS_PER_TENANT of them side by side
+    and queues the rest), so that one test waiting for its job is not time the others wait too.
+    Each test then waits for and asserts on its own job (`wait_for`)."""
+    from tests.helpers import payloads
+
+    submitted = payloads.submit_all(service)
+    yield submitted
+    submitted.close()
+
+
+@pytest.fixture
+def spot_nodes(service, tmp_path):
+    """Spot nodes a test starts (`spot_nodes.start()`), all stopped after it."""
+    import ray
+
+    nodes = SpotNodes(ray.get_runtime_context().gcs_address, tmp_path)
+    yield nodes
+    nodes.stop_all()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_jobs_budget(ray_cluster):
+    """Fails the tier when its tests started more Ray Jobs on the session's cluster than
+    tests/budgets.toml's `e2e.ray_jobs` lines allow (counted once every test ran)."""
+    yield
+    from ray.job_submission import JobSubmissionClient
+
+    from tests.helpers.budgets import budgets_path
+
+    lines = tomllib.loads(budgets_path().read_text())["e2e"]["ray_jobs"]
+    allowed = sum(line["jobs"] for line in lines)
+    started = JobSubmissionClient(ray_cluster["dashboard_url"]).list_jobs()
+    print(f"\ne2e: {len(started)} Ray Jobs started on the session's cluster, {allowed} allowed (tests/budgets.toml)")
+    assert len(started) <= allowed, (
+        f"the e2e tier started {len(started)} Ray Jobs, its lines in tests/budgets.toml allow {allowed}: "
+        f"assert on a journey's existing job, or add a line with the reason for a new one; started: "
+        f"{sorted(j.submission_id for j in started)}")

@@ -1,7 +1,7 @@
-"""Every architecture of the conformance kit fine-tuned through the running service: one family
+"""Journey: every architecture of the conformance kit fine-tuned through the running service: one family
 per model type (its modules, loading, packing decision and saving are the architecture's; the
-families that share one differ in tokenizer and template, which tests/integration/test_families.py
-and test_families_api.py hold to the same rules for every family), chat families on chat records
+families that share one differ in tokenizer and template, which tests/training/test_families.py
+and tests/integration/test_families_api.py hold to the same rules for every family), chat families on chat records
 under their own templates, base families on text; each adapter then loads with plain PEFT in a
 fresh process and changes the base model's output (a multimodal checkpoint's adapter covers its
 text model only). Plus full fine-tuning under FSDP of a tied-embedding model, whose checkpoint
@@ -17,9 +17,8 @@ from pathlib import Path
 from eft.training.families import model_name
 from eft.training.family_specs import FAMILIES
 
-from tests.e2e.conftest import as_json, client, wait_for
-
-MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
+from tests.helpers.paths import MODELS
+from tests.helpers.service_api import wait_for
 
 LOAD_ADAPTERS = r"""
 import json, sys, torch
@@ -39,38 +38,10 @@ print(json.dumps(out))
 """
 
 
-def one_per_architecture() -> list[str]:
-    """The first family (by name) of each model type."""
-    chosen: dict[str, str] = {}
-    for family in sorted(FAMILIES):
-        chosen.setdefault(FAMILIES[family]["model_type"], family)
-    return sorted(chosen.values())
-
-
-def _chat(i: int) -> dict:
-    return {"messages": [{"role": "user", "content": f"What is {i} plus one?"},
-                         {"role": "assistant", "content": f"It is {i + 1}."}]}
-
-
-def test_every_family_trains_through_the_service_and_its_adapter_loads(service):
-    url, data = service["url"], service["home"] / "data"
-    (data / "families-chat.jsonl").write_text("".join(json.dumps(_chat(i)) + "\n" for i in range(8)))
-    (data / "families-text.jsonl").write_text(
-        "".join(json.dumps({"text": f"The number {i} comes before {i + 1}."}) + "\n" for i in range(8)))
-    # DDP: what is under test is the family (template, masks, modules, tied weights, loading),
-    # and one CPU worker under DDP starts without DeepSpeed's imports; the strategies have their
-    # own tests, and FSDP is below.
-    common = {"hyperparameters": {"max_steps": 2, "global_batch_size": 2, "micro_batch_size": 2,
-                                  "max_seq_len": 128, "learning_rate": 1e-2}}
-    jobs = {}
-    for family in one_per_architecture():
-        data_file = "families-chat.jsonl" if FAMILIES[family].get("chat_template") else "families-text.jsonl"
-        body = {"model": model_name(family), "training_file": data_file, "strategy": "ddp", **common}
-        jobs[family] = as_json(client(url).jobs.create(body))["id"]
-    # Full fine-tuning under FSDP of a tied-embedding model: checkpoints hold the shared weight once.
-    full = as_json(client(url).jobs.create({
-        "model": model_name("qwen2.5"), "training_file": "families-chat.jsonl", "method": {"type": "full"},
-        "strategy": "fsdp", "checkpoint": {"every_steps": 1}, **common}))["id"]
+def test_every_family_trains_through_the_service_and_its_adapter_loads(service, journey):
+    # The jobs went in with the journey's (tests/helpers/payloads.py: one per architecture, chat
+    # families on chat records under their own templates, base families on text; DDP).
+    url, jobs, full = service["url"], journey.families, journey.jobs["full_fsdp"]["id"]
     done = {family: wait_for(job_id, url, {"succeeded"}) for family, job_id in jobs.items()}
     for family, job in done.items():
         assert job["step"] == 2, family

@@ -1,12 +1,10 @@
 """docs/api.md lists exactly the operations of the OpenAPI document."""
 
 import re
-from pathlib import Path
 
-import pytest
+from tests.helpers.paths import REPO
 
-pytestmark = pytest.mark.integration
-DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+DOC = REPO / "docs" / "api.md"
 
 
 def test_api_doc_lists_every_operation_and_no_other(client):

@@ -10,9 +10,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
-pytestmark = pytest.mark.integration
 
 # Run in a fresh interpreter: this test process has imported torch for other tests.
 SCRIPT = textwrap.dedent("""

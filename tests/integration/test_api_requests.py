@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from tests.helpers.app import service_app, validate_pending
 
-pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 
@@ -283,16 +283,13 @@ def test_a_dataset_edited_after_a_job_is_checked_again(client, data, eft_home):
 def test_a_created_job_calls_the_replicas_hook_once(eft_home, data):
     from fastapi.testclient import TestClient
 
-    from eft.api.app import create_app
     from eft.service.auth import KeyStore
-    from eft.service.jobs import JobService
-    from eft.service.launcher import RayJobsLauncher
     from eft.service.settings import get_settings
     from eft.service.store import Store
 
     settings, calls = get_settings(), []
     store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings, on_created=lambda: calls.append(1)))
+    app = service_app(store, settings, on_created=lambda: calls.append(1))
     _, key = KeyStore(store.engine).create("default", "user", name="tests")
     body = {"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT])}
     with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
@@ -306,16 +303,13 @@ def test_a_created_job_calls_the_replicas_hook_once(eft_home, data):
 def test_a_priority_above_the_tenants_limit_is_refused_naming_it(data, service):
     from fastapi.testclient import TestClient
 
-    from eft.api.app import create_app
-    from eft.service.jobs import JobService
-    from eft.service.launcher import RayJobsLauncher
     from eft.service.settings import TenantShare
 
     _, store, settings = service
     capped = settings.model_copy(update={"tenant_shares": {"default": TenantShare(max_priority=50)}})
     train = data("train.jsonl", [CHAT] * 3)
     headers = dict(service[0].headers)
-    with TestClient(create_app(JobService(store, RayJobsLauncher(capped), capped)), headers=headers) as capped_client:
+    with TestClient(service_app(store, capped), headers=headers) as capped_client:
         for priority in ("high", 51):
             problems = _problems(capped_client.post("/jobs", json={"model": "tiny-llama", "training_file": train,
                                                                    "priority": priority}))
@@ -327,7 +321,7 @@ def test_a_priority_above_the_tenants_limit_is_refused_naming_it(data, service):
 
 
 def test_priority_is_kept_and_a_bad_one_is_named(client, data, service):
-    from tests.integration.conftest import validate_pending
+
 
     train = data("train.jsonl", [CHAT] * 3)
     problems = _problems(client.post("/jobs", json={"model": "tiny-llama", "training_file": train, "priority": "urgent"}))

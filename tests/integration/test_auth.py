@@ -12,8 +12,8 @@ from eft.cli import app as cli
 from eft.service.auth import KeyStore
 from eft.service.settings import get_settings
 from eft.service.store import Store
+from tests.helpers.app import service_app
 
-pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 JOB_PATHS = ["", "/events", "/metrics", "/checkpoints"]
 
@@ -78,15 +78,12 @@ def test_a_revoked_key_is_refused_at_once(client, keys, eft_home):
 def test_the_bootstrap_admin_key_comes_from_the_environment(eft_home, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from eft.api.app import create_app
-    from eft.service.jobs import JobService
-    from eft.service.launcher import RayJobsLauncher
 
     monkeypatch.setenv("EFT_ADMIN_API_KEY", "eft-bootstrap-secret")
     get_settings.cache_clear()
     settings = get_settings()
     store = Store(settings.resolved_database_url)
-    with TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings))) as c:
+    with TestClient(service_app(store, settings)) as c:
         assert c.get("/jobs", headers=_auth("eft-bootstrap-secret")).status_code == 200
         assert c.get("/jobs", headers=_auth("eft-bootstrap-secreT")).status_code == 401
     store.close()
@@ -154,9 +151,6 @@ def _app_with(monkeypatch, **env):
     """The app over a fresh store, with these `EFT_*` settings; yields (client, key store)."""
     from fastapi.testclient import TestClient
 
-    from eft.api.app import create_app
-    from eft.service.jobs import JobService
-    from eft.service.launcher import RayJobsLauncher
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -164,7 +158,7 @@ def _app_with(monkeypatch, **env):
     settings = get_settings()
     store = Store(settings.resolved_database_url)
     try:
-        with TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings))) as client:
+        with TestClient(service_app(store, settings)) as client:
             yield client, KeyStore(store.engine)
     finally:
         store.close()

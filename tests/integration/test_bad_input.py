@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 

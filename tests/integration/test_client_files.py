@@ -4,13 +4,11 @@ import asyncio
 import json
 
 import httpx
-import pytest
 from typer.testing import CliRunner
 
 from eft import AsyncClient, Client
 from eft import cli as cli_module
 
-pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 

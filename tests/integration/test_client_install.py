@@ -15,8 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "ray", "fastapi", "transformers", "sqlalchemy", "deepspeed")
 
 

@@ -19,9 +19,8 @@ from eft.service.store import Store
 from eft.training.config import TrainConfig
 from eft.types.jobs import JobStatus
 
-from test_scheduler import RecordingLauncher
+from tests.helpers.fakes import RecordingLauncher
 
-pytestmark = pytest.mark.integration
 SPOT = "spot"
 
 

@@ -1,5 +1,5 @@
 """`/v1/chat/completions` and `/v1/completions` over the real app, store and engine (the model
-servers' code run in-process; through Ray Serve with a trained job in tests/e2e/test_openai_compat.py),
+servers' code run in-process; through Ray Serve with a trained job in tests/e2e/test_openai_job.py),
 with the official `openai` package. Adapters are real PEFT adapters of a bundled model and of a
 real family (Qwen 3 with its own chat template); every answer is checked against plain
 transformers + PEFT generating from the same files."""
@@ -12,17 +12,13 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
-from eft.service.auth import KeyStore
 from eft.service.inference import LocalModels
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
 from eft.service.settings import BUNDLED_ASSETS, get_settings
 from eft.service.store import Store
 from eft.types.jobs import JobStatus
-from tests.conftest import reference_reply
+from tests.helpers.reference import reference_reply
+from tests.helpers.app import bearer, new_key, service_app
 
-pytestmark = pytest.mark.integration
 MODELS = BUNDLED_ASSETS / "models"
 QUESTION = [{"role": "user", "content": "Which colour is the sky?"}]
 
@@ -63,10 +59,9 @@ def env(eft_home, tmp_path):
     settings = get_settings()
     store = Store(settings.resolved_database_url)
     models = LocalModels(tmp_path / "cache", max_adapters=1)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings), models)
-    keys = KeyStore(store.engine)
-    keys_of = {t: keys.create(t, "user", name="t")[1] for t in ("acme", "globex")}
-    clients = {t: TestClient(app, headers={"Authorization": f"Bearer {k}"}) for t, k in keys_of.items()}
+    app = service_app(store, settings, models=models)
+    keys_of = {t: new_key(store, t) for t in ("acme", "globex")}
+    clients = {t: TestClient(app, headers=bearer(k)) for t, k in keys_of.items()}
     turns = [*QUESTION, {"role": "assistant", "content": "Blue."}]
     (eft_home / "data" / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
     with clients["acme"], clients["globex"]:
@@ -217,7 +212,7 @@ def test_gemma_refuses_a_system_turn_and_a_server_without_model_servers_says_so(
     assert err.value.body["param"] == "messages" and "system" in err.value.body["message"].lower()
 
     settings = get_settings()
-    bare = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    bare = service_app(store, settings)
     key = clients["acme"].headers["Authorization"]
     with TestClient(bare, headers={"Authorization": key}) as client:
         response = client.post("/v1/chat/completions", json={"model": "tiny-llama", "messages": QUESTION})

@@ -9,10 +9,10 @@ Each case runs in a fresh interpreter, where nothing of transformers is imported
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-MODELS = REPO_ROOT / "assets" / "models"
+from tests.helpers.paths import REPO
+
+MODELS = REPO / "assets" / "models"
 
 CODE = """
 import sys, threading
@@ -40,6 +40,6 @@ print(len(results), len(errors), errors[:1], sorted({r[1] for r in results}), {r
 def test_a_fresh_process_inspects_models_from_many_threads_at_once():
     paths = [str(MODELS / "tiny-llama"), str(MODELS / "tiny-qwen2.5"), str(MODELS / "tiny-gemma-2")]
     out = subprocess.run([sys.executable, "-c", CODE, *paths], capture_output=True, text=True, check=True,
-                         timeout=300, cwd=REPO_ROOT).stdout.strip().splitlines()[-1]
+                         timeout=300, cwd=REPO).stdout.strip().splitlines()[-1]
     assert out.startswith("16 0 []"), out
     assert "{None}" in out  # every tokenizer loaded

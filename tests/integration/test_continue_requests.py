@@ -9,9 +9,7 @@ import json
 import pytest
 
 from eft.types.jobs import JobStatus
-from tests.integration.conftest import validate_pending
-
-pytestmark = pytest.mark.integration
+from tests.helpers.app import validate_pending
 
 
 @pytest.fixture

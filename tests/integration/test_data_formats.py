@@ -10,12 +10,10 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from eft.training.formats import normalize
-from tests.integration.conftest import validate_pending
+from tests.helpers.app import validate_pending
 
-pytestmark = pytest.mark.integration
 N = 6
 CHAT = [{"messages": [{"role": "user", "content": f"What is {i} plus one?"},
                       {"role": "assistant", "content": f"It is {i + 1}."}]} for i in range(N)]

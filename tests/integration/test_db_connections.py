@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from eft.service.db import retrying
 from eft.service.store import Store
-from tests.conftest import POSTGRES_URL
+from tests.helpers.databases import POSTGRES_URL
 
 
 @pytest.mark.postgres

@@ -11,8 +11,6 @@ import threading
 
 import pytest
 
-from test_scheduler import unknown_capacity
-
 from eft.service.launcher import RayJobState
 from eft.service.reporter import StoreReporter
 from eft.service.scheduler import Scheduler
@@ -22,10 +20,10 @@ from eft.training import driver
 from eft.training.reporting import RunSpec
 from eft.types.jobs import JobStatus
 
-from tests.conftest import POSTGRES_URL, postgres_schema_url
-from tests.integration.test_scheduler import RecordingLauncher, validate_ok
+from tests.helpers.databases import POSTGRES_URL, postgres_schema_url
+from tests.helpers.fakes import RecordingLauncher, unknown_capacity, validate_ok
 
-pytestmark = [pytest.mark.integration, pytest.mark.postgres]
+pytestmark = pytest.mark.postgres
 
 
 class Proxy:

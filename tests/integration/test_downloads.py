@@ -2,7 +2,7 @@
 `eft jobs download`), and the model ids a succeeded job and its checkpoints get, over the real app
 and store. The job's artifact is a real PEFT adapter of a bundled model; the job reaches
 `succeeded` through the store's own lifecycle, as its driver moves it (the whole path, training
-included, is in tests/e2e/test_openai_compat.py)."""
+included, is in tests/e2e/test_openai_job.py)."""
 
 from __future__ import annotations
 
@@ -14,25 +14,19 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
-from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
 from eft.service.settings import BUNDLED_ASSETS, get_settings
 from eft.service.store import Store
 from eft.types.jobs import JobStatus
-
-pytestmark = pytest.mark.integration
+from tests.helpers.app import bearer, new_key, service_app
 
 
 @pytest.fixture
 def env(eft_home, tmp_path):
     settings = get_settings()
     store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
-    keys = KeyStore(store.engine)
-    keys_of = {t: keys.create(t, "user", name="t")[1] for t in ("acme", "globex")}
-    clients = {t: TestClient(app, headers={"Authorization": f"Bearer {k}"}) for t, k in keys_of.items()}
+    app = service_app(store, settings)
+    keys_of = {t: new_key(store, t) for t in ("acme", "globex")}
+    clients = {t: TestClient(app, headers=bearer(k)) for t, k in keys_of.items()}
     turns = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]
     (eft_home / "data" / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
     with clients["acme"], clients["globex"]:

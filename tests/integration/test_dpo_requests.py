@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import validate_pending
+from tests.helpers.app import validate_pending
+from tests.helpers.paths import REPO
 
-pytestmark = pytest.mark.integration
 
-DEMO = Path(__file__).resolve().parents[2] / "assets" / "data" / "demo"
+DEMO = REPO / "assets" / "data" / "demo"
 
 
 @pytest.fixture

@@ -17,9 +17,8 @@ from eft.service.store import Store
 from eft.training.config import TrainConfig
 from eft.types.jobs import JobStatus
 
-from test_scheduler import RecordingLauncher
+from tests.helpers.fakes import RecordingLauncher
 
-pytestmark = pytest.mark.integration
 PRICES = Prices(gpu_hour=2.0, spot_gpu_hour=0.5, cpu_hour=0.1, spot_cpu_hour=0.04)
 REQUEST = {"model": "tiny-llama", "training_file": "t.jsonl"}
 

@@ -9,8 +9,6 @@ import pytest
 
 from eft.types.jobs import JobStatus
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def files(eft_home):
@@ -21,7 +19,7 @@ def files(eft_home):
 
 def test_a_job_without_evaluation_settings_passes_validation_as_stored(service, files):
     """The stored request holds every field with its default: none of them asks for an eval."""
-    from tests.integration.conftest import validate_pending
+    from tests.helpers.app import validate_pending
 
     client, store, settings = service
     job = client.post("/jobs", json={"model": "tiny-llama", "training_file": "train.jsonl"}).json()

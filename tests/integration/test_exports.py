@@ -2,7 +2,7 @@
 transformers loads with the same logits as base + adapter (fp32, atol 1e-4), downloaded through
 the API and checked; the adapter export; 409 naming the status of a job that did not succeed.
 The merge runs in-process here, as the Ray Job the launcher submits would run it (the Ray path
-is in tests/e2e/test_openai_compat.py). Pushes go to a Hub on loopback that speaks the parts of
+is in tests/e2e/test_openai_job.py). Pushes go to a Hub on loopback that speaks the parts of
 the Hub's HTTP API `huggingface_hub` uses for a commit of regular files (create repo, preupload,
 commit), through the real `huggingface_hub` client."""
 
@@ -17,16 +17,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
 from eft.service import exports
 from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
 from eft.service.launcher import RayJobsLauncher
 from eft.service.settings import BUNDLED_ASSETS, get_settings
 from eft.service.store import Store
 from eft.types.jobs import JobStatus
+from tests.helpers.app import service_app
 
-pytestmark = pytest.mark.integration
 BASE = BUNDLED_ASSETS / "models" / "tiny-qwen3"
 
 
@@ -47,7 +45,7 @@ def env(eft_home, tmp_path):
     settings = get_settings()
     store = Store(settings.resolved_database_url)
     launcher = InProcessExports(settings)
-    app = create_app(JobService(store, launcher, settings))
+    app = service_app(store, settings, launcher=launcher)
     _, key = KeyStore(store.engine).create("acme", "user", name="t")
     turns = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]
     (eft_home / "data" / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")

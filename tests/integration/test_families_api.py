@@ -10,9 +10,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
 from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
 from eft.service.launcher import RayJobsLauncher
 from eft.service.scheduler import Scheduler
 from eft.service.settings import get_settings
@@ -21,9 +19,8 @@ from eft.service.validation import TEMPLATE_SAMPLE, validate_job
 from eft.training.families import model_name
 from eft.training.family_specs import FAMILIES
 from eft.types.jobs import JobStatus
-from tests.integration.conftest import validate_pending
+from tests.helpers.app import service_app, validate_pending
 
-pytestmark = pytest.mark.integration
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
@@ -38,7 +35,7 @@ def chat(i: int, system: bool = False) -> dict:
 def service(eft_home):
     settings = get_settings()
     store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    app = service_app(store, settings)
     keys = KeyStore(store.engine)
     clients = {}
     for tenant in ("acme", "globex"):

@@ -10,7 +10,6 @@ from eft.service.auth import KeyStore
 from eft.service.settings import get_settings
 from eft.service.store import Store
 
-pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 

@@ -5,7 +5,6 @@ body matching its schema. A bounded number of examples per operation keeps it sh
 import tempfile
 from pathlib import Path
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
@@ -15,21 +14,18 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from eft.api.app import create_app
 from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
 from eft.service.settings import Settings
 from eft.service.store import Store
+from tests.helpers.app import service_app
 
-pytestmark = pytest.mark.integration
 MAX_EXAMPLES = 12
 
 # Built at import so schemathesis can read the schema while collecting; its own EFT home.
 _settings = Settings(home=Path(tempfile.mkdtemp(prefix="eft-fuzz-")))
 _store = Store(_settings.resolved_database_url)
 _, _KEY = KeyStore(_store.engine).create("fuzz")
-app = create_app(JobService(_store, RayJobsLauncher(_settings), _settings))
+app = service_app(_store, _settings)
 schema = schemathesis.openapi.from_dict(app.openapi())
 schema.app = app  # requests go to the ASGI app in process, as from_asgi sets up
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
 from eft.service.settings import get_settings
-from tests.integration.conftest import validate_pending
+from tests.helpers.app import validate_pending
+from tests.helpers.paths import REPO
 
-pytestmark = pytest.mark.integration
-MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
+MODELS = REPO / "assets" / "models"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 

@@ -8,15 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
 from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
 from eft.service.quotas import set_tenant_limits
 from eft.service.settings import get_settings
 from eft.service.store import Store
+from tests.helpers.app import service_app
 
-pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 
@@ -26,7 +23,7 @@ def service(eft_home, database_url):
     settings = get_settings()
     store = Store(database_url)
     _, key = KeyStore(store.engine).create("team-a")
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    app = service_app(store, settings)
     with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as client:
         yield client, store
     store.close()

@@ -10,8 +10,6 @@ import pytest
 
 from eft.api import local
 
-pytestmark = pytest.mark.integration
-
 
 def _listening() -> socket.socket:
     server = socket.socket()

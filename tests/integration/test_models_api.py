@@ -1,32 +1,24 @@
 """`/v1/models` over the real app and store: the base models on the server by name, and no
 fine-tuned id that is not exactly one of the caller's succeeded jobs (the path where a job
-trains and its id lists is in tests/e2e/test_openai_compat.py)."""
+trains and its id lists is in tests/e2e/test_openai_job.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
-from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
 from eft.service.settings import get_settings
 from eft.service.store import Store
-
-pytestmark = pytest.mark.integration
+from tests.helpers.app import service_app, tenant_clients
 
 
 @pytest.fixture
 def clients(eft_home):
     settings = get_settings()
     store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
-    keys = KeyStore(store.engine)
-    made = {t: TestClient(app, headers={"Authorization": f"Bearer {keys.create(t, 'user', name='t')[1]}"})
-            for t in ("acme", "globex")}
+    app = service_app(store, settings)
+    made = tenant_clients(app, store)
     with made["acme"], made["globex"]:
         yield made
     store.close()

@@ -3,10 +3,8 @@ text, the /ui pages and their static files, and the 4xx answers of logs and mani
 
 import json
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 

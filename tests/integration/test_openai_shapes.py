@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.integration
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 

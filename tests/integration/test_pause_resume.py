@@ -1,5 +1,5 @@
 """Pause and resume through the real app and store (no Ray: the workers' side is the
-reporter the training loop asks, exercised in tests/e2e/test_strategies.py)."""
+reporter the training loop asks, exercised in tests/training/test_strategies.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import pytest
 
 from eft.service.reporter import StoreReporter
 from eft.types.jobs import JobStatus
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture

@@ -6,16 +6,15 @@ Run: .venv/bin/python -m pytest tests/integration/test_plan_api.py -q
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from eft.types.plans import PlanRequest
 from eft.cli_plan import plan_locally
 from eft.service.settings import get_settings
+from tests.helpers.paths import REPO
 
-pytestmark = pytest.mark.integration
-TINY = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-llama"
+TINY = REPO / "assets" / "models" / "tiny-llama"
 STUDY_EXAMPLE = {"model": "llama-2-70b", "method": {"type": "lora"},
                  "hyperparameters": {"max_seq_len": 4096, "micro_batch_size": 1},
                  "cluster": {"gpus": 8, "gpu_memory_gb": 32}}

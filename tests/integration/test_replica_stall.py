@@ -6,17 +6,13 @@ import json
 import threading
 import time
 
-import pytest
 from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
 from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
 from eft.service.settings import get_settings
 from eft.service.store import Store
+from tests.helpers.app import service_app
 
-pytestmark = pytest.mark.integration
 LINE = (json.dumps({"messages": [{"role": "user", "content": "x" * 400},
                                  {"role": "assistant", "content": "y" * 400}]}) + "\n").encode()
 
@@ -30,7 +26,7 @@ def test_healthz_stays_fast_while_a_200_mb_file_is_scanned(eft_home, tmp_path):
         block = LINE * 1024
         while out.tell() < 200 * 1024**2:
             out.write(block)
-    with TestClient(create_app(JobService(store, RayJobsLauncher(settings), settings)),
+    with TestClient(service_app(store, settings),
                     headers={"Authorization": f"Bearer {key}"}) as client:
         with big.open("rb") as fh:
             file_id = client.post("/files", files={"file": ("big.jsonl", fh, "application/jsonl")},

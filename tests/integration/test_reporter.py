@@ -14,17 +14,13 @@ from eft.service.reporter import StoreReporter
 from eft.service.store import Store
 from eft.training.reporting import Reporter
 from eft.types.jobs import JobStatus
-
-pytestmark = pytest.mark.integration
+from tests.helpers.store import running_job
 
 
 @pytest.fixture
 def running(database_url):
     store = Store(database_url)
-    job = store.create_job(tenant="t", request={})
-    store.transition(job.id, JobStatus.queued, "validated", total_steps=4)
-    store.transition(job.id, JobStatus.running, "dispatched", attempt=1)
-    yield store, job.id
+    yield store, running_job(store)
     store.close()
 
 
@@ -76,44 +72,3 @@ def test_the_reporter_pickles_without_its_connection(running, database_url):
     assert copy._store is None and copy.store is not store
     assert copy.step(1, 1) and store.get_job(job_id).step == 1
     copy.store.close()
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """A local Ray for the sink actor; in a whole-suite run the e2e tests' cluster is already up
-    in this process (a session fixture), and the sink takes no CPU of it."""
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-def test_the_progress_sink_counts_a_groups_checkpoint_requests_and_its_worker_time(running, database_url, local_ray):
-    """The controller's checkpoint requests are counted from the start of the worker group
-    they are for (one made for the group before never reaches the next), and the worker time
-    a group holds lands on the job with its steps."""
-    import ray
-
-    from eft.training.progress import ProgressSink
-    from eft.training.reporting import RunSpec
-
-    store, job_id = running
-    sink = ProgressSink.remote(StoreReporter(database_url, job_id, 1), RunSpec(job_id=job_id, attempt=1, tenant="t"),
-                               {"job_id": job_id})
-    ray.get(sink.group_started.remote(2))
-    assert ray.get(sink.request_checkpoint.remote()) == 1
-    assert ray.get(sink.control.remote()) == (False, 1)  # this group's: to be served
-    # The group resizes; the next one starts: the request was the last group's.
-    ray.get(sink.group_started.remote(1))
-    assert ray.get(sink.control.remote()) == (False, 0)
-    ray.get(sink.request_checkpoint.remote())
-    assert ray.get(sink.control.remote()) == (False, 1)
-    ray.get(sink.record.remote(1, {"loss": 2.0, "world_size": 1}))
-    ray.get(sink.close.remote())
-    job = store.get_job(job_id)
-    assert job.step == 1 and job.worker_seconds > 0 and job.spot_worker_seconds == 0
-    ray.kill(sink)

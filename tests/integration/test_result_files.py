@@ -9,28 +9,20 @@ import io
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
-from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
 from eft.service.reporter import StoreReporter
 from eft.service.settings import get_settings
 from eft.service.store import Store
 from eft.types.jobs import JobStatus
-
-pytestmark = pytest.mark.integration
+from tests.helpers.app import service_app, tenant_clients
 
 
 @pytest.fixture
 def env(eft_home):
     settings = get_settings()
     store = Store(settings.resolved_database_url)
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
-    keys = KeyStore(store.engine)
-    clients = {t: TestClient(app, headers={"Authorization": f"Bearer {keys.create(t, 'user', name='t')[1]}"})
-               for t in ("acme", "globex")}
+    app = service_app(store, settings)
+    clients = tenant_clients(app, store)
     turns = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]
     (eft_home / "data" / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
     with clients["acme"], clients["globex"]:

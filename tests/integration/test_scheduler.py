@@ -7,56 +7,13 @@ import threading
 import pytest
 
 from eft.types.jobs import JobStatus
-from eft.service.launcher import RayJobState, submission_id_for
+from eft.service.launcher import RayJobState
 from eft.service.scheduler import Scheduler
 from eft.service.settings import Settings
 from eft.service.store import Store
-from eft.training.config import TrainConfig
+from tests.helpers.fakes import RecordingLauncher, unknown_capacity, validate_ok
 
-pytestmark = pytest.mark.integration
 REQUEST = {"model": "tiny-llama", "training_file": "t.jsonl"}
-
-
-def unknown_capacity():
-    """Capacity unknown: these tests are about job limits and claims, whatever Ray this process
-    may be connected to (a whole-suite run has the e2e tests' cluster up)."""
-    return None
-
-
-class RecordingLauncher:
-    def __init__(self, fail: bool = False):
-        self.submitted: list[str] = []
-        self.stopped: list[str] = []
-        self.states: dict[str, str] = {}
-        self.fail = fail
-        self.lock = threading.Lock()
-
-    def submit(self, job_id, attempt, name):
-        if self.fail:
-            raise ConnectionError("dashboard unreachable")
-        sid = submission_id_for(job_id, attempt)
-        with self.lock:
-            if sid in self.states:  # Ray refuses a reused submission id
-                return False
-            self.submitted.append(sid)
-            self.states[sid] = RayJobState.RUNNING
-        return True
-
-    def state(self, submission_id):
-        return self.states.get(submission_id, RayJobState.MISSING)
-
-    def stop(self, submission_id):
-        self.stopped.append(submission_id)
-        self.states[submission_id] = RayJobState.STOPPED
-
-    def logs(self, submission_id):
-        return "driver log tail"
-
-
-def validate_ok(job, settings):
-    cfg = TrainConfig(job_id=job.id, model_path="m", training_file="t", validation_file=None,
-                      method="lora", lora=None, total_steps=5, num_train_examples=10)
-    return cfg, {"train_examples": 10}
 
 
 @pytest.fixture

@@ -3,17 +3,13 @@ event it acknowledged, on SQLite and on PostgreSQL."""
 
 import json
 
-import pytest
 from fastapi.testclient import TestClient
 
-from eft.api.app import create_app
 from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
 from eft.service.settings import get_settings
 from eft.service.store import Store
+from tests.helpers.app import service_app
 
-pytestmark = pytest.mark.integration
 _KEYS: dict[str, str] = {}
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
@@ -24,7 +20,7 @@ def _start(database_url):
     # The key is stored, so the restarted service accepts the one made before the restart.
     if database_url not in _KEYS:
         _KEYS[database_url] = KeyStore(store.engine).create("default", name="restart-test")[1]
-    app = create_app(JobService(store, RayJobsLauncher(settings), settings))
+    app = service_app(store, settings)
     return store, TestClient(app, headers={"Authorization": f"Bearer {_KEYS[database_url]}"})
 
 

@@ -7,7 +7,6 @@ from eft.service.errors import Conflict, JobNotFound
 from eft.service.lifecycle import IllegalTransition
 from eft.service.store import Store
 
-pytestmark = pytest.mark.integration
 REQUEST = {"model": "tiny-llama", "training_file": "demo/chat_train.jsonl"}
 
 

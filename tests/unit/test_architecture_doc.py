@@ -3,8 +3,8 @@
 import ast
 import re
 from pathlib import Path
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 REFERENCE = re.compile(r"`([\w/]+\.py):([\w.]+)`")
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 #: Repository folder -> the package it installs as.
 FOLDERS = {"api": "eft.api", "service": "eft.service", "training": "eft.training", "eft": "eft"}
 #: Layer -> the layers it may import.

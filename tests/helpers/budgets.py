@@ -1,0 +1,133 @@
+"""Test tiers and their time budgets (tests/budgets.toml), as a pytest plugin.
+
+The directory is the tier: a test under tests/<tier>/ gets the marker <tier>, so `-m "not e2e"`
+selects by cost. Each test's setup, call and teardown time is added to its tier; at the end of the
+run every tier that ran prints its time against its budget, and a tier over its budget by more
+than the file's tolerance fails the run (exit status 1) even when every test passed.
+
+Loaded by tests/conftest.py; `EFT_TEST_BUDGETS=off` turns the check off for one run.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+BUDGETS_FILE = Path(__file__).resolve().parents[1] / "budgets.toml"
+#: Where the time of each tier goes, for `tests/tiers.py` to sum up a run of several processes.
+TIMES_ENV = "EFT_TEST_TIMES_FILE"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One tier's time against its budget: `state` is ok, over (a warning) or failed."""
+
+    tier: str
+    seconds: float
+    budget_s: float
+    limit_s: float
+
+    @property
+    def state(self) -> str:
+        if self.seconds > self.limit_s:
+            return "failed"
+        return "over" if self.seconds > self.budget_s else "ok"
+
+    def line(self) -> str:
+        share = self.seconds / self.budget_s if self.budget_s else float("inf")
+        text = (f"{self.tier} {self.seconds / 60:.1f} min of {self.budget_s / 60:g} "
+                f"({share:.0%})")
+        if self.state == "over":
+            text += " OVER BUDGET (within tolerance: a slow machine?)"
+        elif self.state == "failed":
+            text += f" FAILED: over the budget's limit of {self.limit_s / 60:.1f} min"
+        return text
+
+
+def budgets_path() -> Path:
+    """tests/budgets.toml, or the file EFT_TEST_BUDGETS_FILE names (the plugin's own tests)."""
+    return Path(os.environ.get("EFT_TEST_BUDGETS_FILE", BUDGETS_FILE))
+
+
+def load_budgets(path: Path = BUDGETS_FILE) -> tuple[dict[str, float], float]:
+    """(minutes per tier in run order, tolerance) from the budgets file."""
+    data = tomllib.loads(path.read_text())
+    return {name: float(tier["minutes"]) for name, tier in data["tiers"].items()}, float(data["tolerance"])
+
+
+def judge(seconds_by_tier: dict[str, float], budgets_min: dict[str, float], tolerance: float) -> list[Verdict]:
+    """The verdict of every tier that ran, in the budgets file's order. A tier with no budget
+    line has a budget of zero: it fails, naming itself, as soon as it takes any time."""
+    order = [*budgets_min, *sorted(set(seconds_by_tier) - set(budgets_min))]
+    return [Verdict(tier, seconds_by_tier[tier], budgets_min.get(tier, 0.0) * 60,
+                    budgets_min.get(tier, 0.0) * 60 * (1 + tolerance))
+            for tier in order if tier in seconds_by_tier]
+
+
+def tier_of(nodeid: str) -> str | None:
+    """`tests/<tier>/...` -> <tier>; None for anything else (a conftest-level report)."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else None
+
+
+class TierBudgets:
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.started = time.monotonic()
+        self.budgets_min, self.tolerance = load_budgets(budgets_path())
+        self.enforce = os.environ.get("EFT_TEST_BUDGETS", "on").lower() not in ("off", "0", "false", "no")
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            tier = tier_of(item.nodeid)
+            if tier is not None:
+                item.add_marker(getattr(pytest.mark, tier))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        tier = tier_of(report.nodeid)
+        if tier is not None:
+            self.seconds[tier] += report.duration
+
+    def verdicts(self) -> list[Verdict]:
+        return judge(dict(self.seconds), self.budgets_min, self.tolerance)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        failed = [v for v in self.verdicts() if v.state == "failed"]
+        if times_file := os.environ.get(TIMES_ENV):
+            with open(times_file, "a") as out:
+                out.writelines(f"{v.tier} {v.seconds:.1f}\n" for v in self.verdicts())
+        if failed and self.enforce and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001
+        verdicts = self.verdicts()
+        if not verdicts:
+            return
+        wall = (time.monotonic() - self.started) / 60
+        terminalreporter.write_sep("-", "time per tier (tests/budgets.toml)")
+        for verdict in verdicts:
+            markup = {"ok": {}, "over": {"yellow": True}, "failed": {"red": True, "bold": True}}[verdict.state]
+            terminalreporter.write_line(f"tier {verdict.line()}", **markup)
+        terminalreporter.write_line(f"suite time: {wall:.1f} min in this process")
+        if any(v.state == "failed" for v in verdicts):
+            if self.enforce:
+                terminalreporter.write_line(
+                    "a tier took more than its budget allows: make the new cost cheaper, or raise the "
+                    "budget as tests/budgets.toml says", red=True, bold=True)
+            else:
+                terminalreporter.write_line("EFT_TEST_BUDGETS=off: over-budget tiers do not fail this run")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    budgets_min, _ = load_budgets(budgets_path())
+    for tier in budgets_min:
+        config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (tests/{tier}/, tests/budgets.toml)")
+    config.pluginmanager.register(TierBudgets(config), "eft-tier-budgets")

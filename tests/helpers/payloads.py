@@ -1,0 +1,151 @@
+"""The jobs of the e2e journeys: their request bodies, and `submit_all`, which posts every job that
+runs undisturbed to its end at once (tests/e2e/conftest.py:journey).
+
+Each job costs a Ray Job, a Ray Train worker group and a model load: a new one is a cost to
+justify (tests/budgets.toml); a new check on one of these jobs is free.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from eft.service.settings import BUNDLED_ASSETS
+from eft.training.families import model_name
+from eft.training.family_specs import FAMILIES
+from tests.helpers.metrics import RaySeries
+from tests.helpers.receiver import Receiver
+from tests.helpers.service_api import ADMIN_KEY, as_json, client
+
+#: The job most of the journey is asserted on: 2 workers, checkpoints, evaluation, trackers, and
+#: its metrics watched on Ray's endpoint while it runs.
+LORA_JOB = {
+    "model": "tiny-llama",
+    "training_file": "demo/chat_train.jsonl",
+    "validation_file": "demo/chat_valid.jsonl",
+    "method": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
+    "hyperparameters": {"max_steps": 12, "learning_rate": 3e-3, "global_batch_size": 16,
+                        "micro_batch_size": 4, "max_seq_len": 128, "warmup_steps": 2, "log_every_steps": 1},
+    "scaling": {"min_workers": 2},
+    "checkpoint": {"every_steps": 5, "keep": 2},
+    "name": "e2e-lora",
+    "trackers": {"tensorboard": True, "mlflow": True},
+}
+#: `curl -X POST /jobs -d '{"model": ..., "training_file": ...}'`: defaults do the rest.
+MINIMAL_JOB = {"model": "tiny-llama", "training_file": "demo/completion_train.jsonl"}
+#: Evaluation every 2 steps; no evaluation after the first lowers the loss by 10, so the job stops
+#: after the third (patience 2) and publishes the best step's weights.
+EVAL_JOB = {
+    "model": "tiny-llama",
+    "training_file": "demo/chat_train.jsonl",
+    "validation_file": "demo/chat_valid.jsonl",
+    "method": {"type": "lora", "r": 4, "alpha": 8, "dropout": 0.0},
+    "hyperparameters": {"max_steps": 40, "learning_rate": 3e-3, "global_batch_size": 8,
+                        "micro_batch_size": 4, "max_seq_len": 96, "log_every_steps": 5},
+    "scaling": {"min_workers": 1},
+    "checkpoint": {"every_steps": 2, "keep": 10},
+    "eval": {"every_steps": 2, "early_stopping_patience": 2, "min_delta": 10.0, "sample_prompts": 2,
+             "sample_max_tokens": 8},
+    "publish": "best",
+    "name": "e2e-eval",
+}
+QLORA_JOB = {**LORA_JOB, "method": {"type": "qlora", "r": 8, "alpha": 16, "quant_type": "nf4"},
+             "hyperparameters": {**LORA_JOB["hyperparameters"], "max_steps": 8}, "name": "e2e-qlora",
+             "checkpoint": {"every_steps": 100, "keep": 1}, "trackers": {}}
+#: The families' jobs: what is under test is the family (template, masks, modules, tied weights,
+#: loading); DDP, because one CPU worker under DDP starts without DeepSpeed's imports.
+FAMILY_HYPERPARAMETERS = {"max_steps": 2, "global_batch_size": 2, "micro_batch_size": 2, "max_seq_len": 128,
+                          "learning_rate": 1e-2}
+
+
+def one_per_architecture() -> list[str]:
+    """The first family (by name) of each model type of the conformance kit."""
+    chosen: dict[str, str] = {}
+    for family in sorted(FAMILIES):
+        chosen.setdefault(FAMILIES[family]["model_type"], family)
+    return sorted(chosen.values())
+
+
+def _chat(i: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"What is {i} plus one?"},
+                         {"role": "assistant", "content": f"It is {i + 1}."}]}
+
+
+@dataclass
+class Journey:
+    """What `submit_all` posted: the jobs by name as the API answered their creation, the OpenAI
+    objects of the jobs made through /v1, and what watches them while they run."""
+
+    url: str
+    jobs: dict[str, dict] = field(default_factory=dict)
+    openai: dict[str, Any] = field(default_factory=dict)
+    families: dict[str, str] = field(default_factory=dict)
+    series: RaySeries | None = None
+    receiver: Receiver | None = None
+    webhook: dict | None = None
+
+    def close(self) -> None:
+        if self.series is not None:
+            self.series.done.set()
+        if self.receiver is not None:
+            self.receiver.close()
+
+
+def submit_all(service: dict) -> Journey:
+    """Posts every job of the journeys that runs undisturbed to its end, the one watched on Ray's
+    endpoint first (its watcher starts with it)."""
+    from openai import OpenAI
+
+    url, data = service["url"], service["home"] / "data"
+    journey = Journey(url)
+    eft = client(url)
+    journey.jobs["lora"] = as_json(eft.jobs.create(LORA_JOB))
+    journey.series = RaySeries(service["ray_metrics_url"], journey.jobs["lora"]["id"])
+    journey.series.start()
+
+    openai = OpenAI(base_url=f"{url}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60)
+    lines = (BUNDLED_ASSETS / "data" / "demo" / "chat_train.jsonl").read_text().splitlines()[:32]
+    uploaded = openai.files.create(file=("train.jsonl", ("\n".join(lines) + "\n").encode()), purpose="fine-tune")
+    journey.openai["upload"], journey.openai["lines"] = uploaded, lines
+    journey.openai["supervised"] = openai.fine_tuning.jobs.create(
+        model="tiny-llama", training_file=uploaded.id, suffix="openai-e2e", seed=7, metadata={"team": "e2e"},
+        method={"type": "supervised", "supervised": {"hyperparameters": {
+            "batch_size": 4, "learning_rate_multiplier": 10, "max_steps": 3, "max_seq_len": 96}}},
+    )
+    # The DPO job's end is told to a receiver on loopback by the service's webhook sender.
+    journey.receiver = Receiver()
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    journey.webhook = httpx.post(f"{url}/webhooks", headers=headers, json={
+        "url": journey.receiver.url, "events": ["fine_tuning.job.succeeded"]}).raise_for_status().json()
+    pairs = (BUNDLED_ASSETS / "data" / "demo" / "preference_train.jsonl").read_text().splitlines()[:32]
+    uploaded_pairs = openai.files.create(file=("pairs.jsonl", ("\n".join(pairs) + "\n").encode()), purpose="fine-tune")
+    journey.openai["dpo"] = openai.fine_tuning.jobs.create(
+        model="tiny-llama", training_file=uploaded_pairs.id, suffix="dpo-e2e",
+        method={"type": "dpo", "dpo": {"hyperparameters": {
+            "beta": 0.2, "batch_size": 4, "learning_rate_multiplier": 10, "max_steps": 3, "max_seq_len": 96}}},
+    )
+
+    journey.jobs["minimal"] = as_json(eft.jobs.create(MINIMAL_JOB))
+    journey.jobs["eval"] = as_json(eft.jobs.create(EVAL_JOB))
+    journey.jobs["qlora"] = as_json(eft.jobs.create(QLORA_JOB))
+    # The only record has no room for its answer: none is left to train on.
+    (data / "long_prompts.jsonl").write_text(json.dumps({"prompt": "word " * 200, "completion": "answer"}) + "\n")
+    journey.jobs["user_error"] = as_json(eft.jobs.create({
+        "model": "tiny-llama", "training_file": str(data / "long_prompts.jsonl"), "hyperparameters": {"max_seq_len": 16}}))
+
+    (data / "families-chat.jsonl").write_text("".join(json.dumps(_chat(i)) + "\n" for i in range(8)))
+    (data / "families-text.jsonl").write_text(
+        "".join(json.dumps({"text": f"The number {i} comes before {i + 1}."}) + "\n" for i in range(8)))
+    common = {"hyperparameters": FAMILY_HYPERPARAMETERS}
+    for family in one_per_architecture():
+        data_file = "families-chat.jsonl" if FAMILIES[family].get("chat_template") else "families-text.jsonl"
+        body = {"model": model_name(family), "training_file": data_file, "strategy": "ddp", **common}
+        journey.families[family] = as_json(eft.jobs.create(body))["id"]
+    # Full fine-tuning under FSDP of a tied-embedding model: checkpoints hold the shared weight once.
+    journey.jobs["full_fsdp"] = as_json(eft.jobs.create({
+        "model": model_name("qwen2.5"), "training_file": "families-chat.jsonl", "method": {"type": "full"},
+        "strategy": "fsdp", "checkpoint": {"every_steps": 1}, **common}))
+    return journey
