@@ -44,11 +44,10 @@ def main(argv: list[str], root: Path = REPO) -> int:
             ran.append((tier, code, time.monotonic() - started))
             if code != 0:
                 break
-        seconds = {}
+        verdicts = {}
         for line in times.read().splitlines():
-            tier, value = line.split()
-            seconds[tier] = seconds.get(tier, 0.0) + float(value)
-    verdicts = {v.tier: v for v in judge(seconds, budgets_min, tolerance)}
+            tier, value, factor = line.split()
+            verdicts[tier] = judge({tier: float(value)}, budgets_min, tolerance, float(factor))[0]
     print("\n=== time per tier (tests/budgets.toml; test time, and the process's wall time)")
     for tier, code, wall_s in ran:
         verdict = verdicts[tier].line() if tier in verdicts else "no test ran"

@@ -28,16 +28,36 @@ STEPS = 160
 
 @pytest.fixture(scope="module")
 def faults(service):
-    """The jobs the fault tests break, and the uninterrupted run they are compared with (2
-    workers each), posted at once so that they train side by side; and a job that diverges."""
+    """The jobs the fault tests break and the uninterrupted run they are compared with (2
+    workers each), posted at once so that they train side by side, and a job that diverges.
+    Each fault is injected as soon as its job has a checkpoint Ray Train registered at step 40
+    or later (while the others run on): a worker of one job is killed, the driver of the other.
+    Returns the jobs and, per fault, the latest checkpoint when it was injected."""
     url = service["url"]
     # A rate this high overflows the loss within a few steps: a NaN loss is the user's to fix.
     diverges = lora_body("diverges", 200, method={"alpha": 4096.0},
                          hyperparameters={"learning_rate": 1.0, "max_grad_norm": None})
-    return {"reference": post(url, lora_body("reference", STEPS)),
+    jobs = {"reference": post(url, lora_body("reference", STEPS)),
             "kill": post(url, lora_body("kill-a-worker", STEPS)),
             "driver": post(url, lora_body("lose-the-driver", STEPS)),
             "diverges": post(url, diverges)}
+    latest = {}
+
+    kill = jobs["kill"]["id"]
+    latest["kill"] = until("a checkpoint Ray Train has registered", lambda: checkpointed(url, kill, 40))
+    # This job's workers: the others' train beside them.
+    pids = worker_pids(service["dashboard_url"], fetch(url, kill))
+    assert len(pids) == 2, pids
+    os.kill(pids[1], signal.SIGKILL)
+
+    lose = jobs["driver"]["id"]
+    latest["driver"] = until("a checkpoint Ray Train has registered", lambda: checkpointed(url, lose, 40))
+    driver = subprocess.run(["pgrep", "-f", f"eft.service.entrypoint --job-id {lose} --attempt 1"],
+                            capture_output=True, text=True).stdout.split()
+    assert driver, "no driver process found"  # the driver, and the shell Ray Jobs started it with
+    for pid in driver:
+        os.kill(int(pid), signal.SIGKILL)
+    return {**jobs, "latest": latest}
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +67,7 @@ def reference(service, faults):
 
 
 def test_killed_worker_restarts_from_the_latest_checkpoint(service, faults, reference):
-    url, job = service["url"], faults["kill"]
-    latest = until("a checkpoint Ray Train has registered", lambda: checkpointed(url, job["id"], 40))
-    # This job's workers: the others' train beside them.
-    pids = worker_pids(service["dashboard_url"], fetch(url, job["id"]))
-    assert len(pids) == 2, pids
-    os.kill(pids[1], signal.SIGKILL)
+    url, job, latest = service["url"], faults["kill"], faults["latest"]["kill"]
     done = wait_for(job["id"], url, {"succeeded"})
 
     assert done["restarts"] == 1 and done["attempt"] == 1 and done["preemptions"] == 0
@@ -72,13 +87,7 @@ def test_killed_worker_restarts_from_the_latest_checkpoint(service, faults, refe
 def test_a_job_whose_driver_vanished_is_dispatched_again_and_resumes(service, faults, reference):
     """The Ray Job's driver dies (as when the head node is lost): the service queues the job
     again and the next attempt resumes from the checkpoint the first one left."""
-    url, job = service["url"], faults["driver"]
-    latest = until("a checkpoint Ray Train has registered", lambda: checkpointed(url, job["id"], 40))
-    driver = subprocess.run(["pgrep", "-f", f"eft.service.entrypoint --job-id {job['id']} --attempt 1"],
-                            capture_output=True, text=True).stdout.split()
-    assert driver, "no driver process found"  # the driver, and the shell Ray Jobs started it with
-    for pid in driver:
-        os.kill(int(pid), signal.SIGKILL)
+    url, job, latest = service["url"], faults["driver"], faults["latest"]["driver"]
     done = wait_for(job["id"], url, {"succeeded"})
 
     assert done["attempt"] == 2 and done["restarts"] == 1

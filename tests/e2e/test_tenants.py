@@ -1,11 +1,8 @@
 """Journey: tenants sharing one service and one cluster, over real HTTP: two tenants of equal weight
-each get half of the spot slots whoever came first; the service restarts while one job runs and
-one waits, and neither notices; two service replicas on one PostgreSQL queue dispatch every job
-exactly once.
-
-The service runs with Serve `num_replicas=2` in the last test, each replica with its own
-scheduler claiming from the same `jobs` table; every job gets one `submitted` event, attempt 1,
-and one Ray Job.
+each get half of the spot slots whoever came first; two service replicas on one PostgreSQL queue
+dispatch every job exactly once, and a restart of the service while one job runs and one waits
+loses neither (a restart of one replica is tested in-process on SQLite and PostgreSQL:
+tests/integration/test_service_restart.py).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from tests.helpers.databases import postgres_schema_url
 from tests.helpers.jobs import SPOT, events_of, fetch, lora_body, post, step_at_least, trained_steps, until
 from tests.helpers.service_api import as_json, client, key_for, wait_for
 
-JOBS = 3
 
 
 def test_two_tenants_with_equal_weights_each_get_half_the_slots(service, spot_nodes):
@@ -57,66 +53,52 @@ def test_two_tenants_with_equal_weights_each_get_half_the_slots(service, spot_no
            and fetch(url, blocker["id"])["status"] == "cancelled", timeout_s=120)
 
 
-def test_service_restarts_while_one_job_runs_and_one_waits(service):
-    url = service["url"]
-    service["restart"](EFT_MAX_RUNNING_JOBS="1")
-    try:
-        running = post(url, lora_body("runs-through-restarts", 300))
-        waiting = post(url, lora_body("waits-through-restarts", 40))
-        until("the first job to train", lambda: step_at_least(url, running["id"], 5))
-        assert fetch(url, waiting["id"])["status"] == "queued"
-
-        service["restart"](EFT_MAX_RUNNING_JOBS="1")
-        assert fetch(url, waiting["id"])["status"] == "queued"
-        assert fetch(url, running["id"])["status"] == "running"
-        done = [wait_for(j["id"], url, {"succeeded"}) for j in (running, waiting)]
-    finally:
-        service["restart"]()
-
-    for job in done:
-        assert job["attempt"] == 1 and job["restarts"] == 0
-        types = [e["type"] for e in events_of(url, job["id"])]
-        assert types.count("submitted") == 1 and types.count("training_started") == 1, types
-        assert types[:4] == ["created", "queued", "dispatched", "submitted"]
-        assert types[-1] == "succeeded"
-        assert sorted(set(trained_steps(url, job["id"]))) == list(range(1, job["total_steps"] + 1))
-    # The waiting job only started once the running one had finished.
-    assert done[1]["started_at"] >= done[0]["finished_at"]
-
-
 @pytest.fixture
-def postgres_schema():
-    with postgres_schema_url("eft_e2e") as url:
-        yield url
-
-
-@pytest.fixture
-def two_replicas(service, postgres_schema):
+def two_replicas(service):
+    """The service as two replicas on one PostgreSQL queue, with at most one job running in the
+    cluster; `redeploy()` restarts both (a service restart). Back to the session's after."""
     from ray import serve
 
     from eft.api.local import deploy_app, wait_healthy
     from eft.api.serve_config import APP_NAME
 
-    serve.delete(APP_NAME)
-    deploy_app({**service["env"], "EFT_DATABASE_URL": postgres_schema}, num_replicas=2)
-    wait_healthy(service["url"])
-    try:
-        yield service
-    finally:
-        service["restart"]()
+    with postgres_schema_url("eft_e2e") as database_url:
+        env = {**service["env"], "EFT_DATABASE_URL": database_url, "EFT_MAX_RUNNING_JOBS": "1"}
+
+        def redeploy() -> None:
+            serve.delete(APP_NAME)
+            deploy_app(env, num_replicas=2)
+            wait_healthy(service["url"])
+
+        redeploy()
+        try:
+            yield {**service, "redeploy": redeploy}
+        finally:
+            service["restart"]()
 
 
 @pytest.mark.postgres
-def test_two_replicas_dispatch_every_job_exactly_once(two_replicas):
+def test_two_replicas_dispatch_every_job_once_and_a_restart_loses_none(two_replicas):
+    """Two service replicas, each with its own scheduler claiming from the same `jobs` table,
+    and at most one job running: one job runs and one waits; the service restarts (both
+    replicas) while they do, and neither notices. Every job is dispatched exactly once (one
+    `dispatched` and one `submitted` event, attempt 1, one Ray Job), trains every step once, and
+    the waiting one starts only once the running one has finished."""
     from ray import serve
     from ray.job_submission import JobSubmissionClient
 
     url = two_replicas["url"]
     replicas = serve.status().applications["eft"].deployments["EftService"].replica_states
     assert replicas.get("RUNNING") == 2, replicas
-    tiny = {"hyperparameters": {"max_steps": 3}, "checkpoint": {"every_steps": 3}}
-    jobs = [post(url, lora_body(f"replica-{i}", 3, workers=1, **tiny)) for i in range(JOBS)]
-    done = [wait_for(j["id"], url, {"succeeded"}) for j in jobs]
+    running = post(url, lora_body("runs-through-restarts", 300))
+    waiting = post(url, lora_body("waits-through-restarts", 40))
+    until("the first job to train", lambda: step_at_least(url, running["id"], 5))
+    assert fetch(url, waiting["id"])["status"] == "queued"
+
+    two_replicas["redeploy"]()
+    assert fetch(url, waiting["id"])["status"] == "queued"
+    assert fetch(url, running["id"])["status"] == "running"
+    done = [wait_for(j["id"], url, {"succeeded"}) for j in (running, waiting)]
 
     ray_jobs = JobSubmissionClient(two_replicas["dashboard_url"]).list_jobs()
     for job in done:
@@ -124,5 +106,10 @@ def test_two_replicas_dispatch_every_job_exactly_once(two_replicas):
         types = [e["type"] for e in events_of(url, job["id"])]
         assert types.count("dispatched") == 1 and types.count("submitted") == 1, types
         assert types.count("training_started") == 1, types
+        assert types[:4] == ["created", "queued", "dispatched", "submitted"]
+        assert types[-1] == "succeeded"
+        assert sorted(set(trained_steps(url, job["id"]))) == list(range(1, job["total_steps"] + 1))
         submissions = [r for r in ray_jobs if (r.metadata or {}).get("eft_job_id") == job["id"]]
         assert [r.submission_id for r in submissions] == [f"{job['id']}-attempt-1"]
+    # The waiting job only started once the running one had finished.
+    assert done[1]["started_at"] >= done[0]["finished_at"]

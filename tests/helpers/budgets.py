@@ -24,14 +24,35 @@ BUDGETS_FILE = Path(__file__).resolve().parents[1] / "budgets.toml"
 TIMES_ENV = "EFT_TEST_TIMES_FILE"
 
 
+def calibration_s() -> float:
+    """Seconds this machine takes now for a fixed piece of single-threaded Python work (the
+    median of three), the kind of work most test time is: the budgets file gives what the
+    machine its budgets were measured on took."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        sum(i * i for i in range(3_000_000))
+        times.append(time.perf_counter() - started)
+    return sorted(times)[1]
+
+
+def speed_factor(measured_s: float, reference_s: float, most: float) -> float:
+    """How much slower this machine ran the calibration than the budgets' machine: budgets are
+    scaled by it, from 1 (never below the budget) up to `most` (a machine slower than that is
+    not a reason to pass a tier that is slower still)."""
+    return min(max(measured_s / reference_s, 1.0), most)
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """One tier's time against its budget: `state` is ok, over (a warning) or failed."""
+    """One tier's time against its budget (scaled to the machine): `state` is ok, over (a
+    warning) or failed."""
 
     tier: str
     seconds: float
     budget_s: float
     limit_s: float
+    factor: float = 1.0
 
     @property
     def state(self) -> str:
@@ -41,7 +62,8 @@ class Verdict:
 
     def line(self) -> str:
         share = self.seconds / self.budget_s if self.budget_s else float("inf")
-        text = (f"{self.tier} {self.seconds / 60:.1f} min of {self.budget_s / 60:g} "
+        scaled = f" (x{self.factor:.2f} for this machine's speed)" if self.factor > 1 else ""
+        text = (f"{self.tier} {self.seconds / 60:.1f} min of {self.budget_s / 60:.3g}{scaled} "
                 f"({share:.0%})")
         if self.state == "over":
             text += " OVER BUDGET (within tolerance: a slow machine?)"
@@ -61,12 +83,20 @@ def load_budgets(path: Path = BUDGETS_FILE) -> tuple[dict[str, float], float]:
     return {name: float(tier["minutes"]) for name, tier in data["tiers"].items()}, float(data["tolerance"])
 
 
-def judge(seconds_by_tier: dict[str, float], budgets_min: dict[str, float], tolerance: float) -> list[Verdict]:
-    """The verdict of every tier that ran, in the budgets file's order. A tier with no budget
-    line has a budget of zero: it fails, naming itself, as soon as it takes any time."""
+def load_calibration(path: Path = BUDGETS_FILE) -> tuple[float, float]:
+    """(the calibration's seconds on the budgets' machine, the most budgets are scaled by)."""
+    data = tomllib.loads(path.read_text()).get("calibration", {})
+    return float(data.get("reference_s", 0.0)), float(data.get("most", 1.0))
+
+
+def judge(seconds_by_tier: dict[str, float], budgets_min: dict[str, float], tolerance: float,
+          factor: float = 1.0) -> list[Verdict]:
+    """The verdict of every tier that ran, in the budgets file's order, its budget scaled by
+    `factor`. A tier with no budget line has a budget of zero: it fails, naming itself, as soon
+    as it takes any time."""
     order = [*budgets_min, *sorted(set(seconds_by_tier) - set(budgets_min))]
-    return [Verdict(tier, seconds_by_tier[tier], budgets_min.get(tier, 0.0) * 60,
-                    budgets_min.get(tier, 0.0) * 60 * (1 + tolerance))
+    return [Verdict(tier, seconds_by_tier[tier], budgets_min.get(tier, 0.0) * 60 * factor,
+                    budgets_min.get(tier, 0.0) * 60 * factor * (1 + tolerance), factor)
             for tier in order if tier in seconds_by_tier]
 
 
@@ -83,6 +113,11 @@ class TierBudgets:
         self.started = time.monotonic()
         self.budgets_min, self.tolerance = load_budgets(budgets_path())
         self.enforce = os.environ.get("EFT_TEST_BUDGETS", "on").lower() not in ("off", "0", "false", "no")
+        self.reference_s, self.most = load_calibration(budgets_path())
+        # The machine's speed at the start and (pytest_sessionfinish) at the end of the run: a
+        # machine slow or busy throughout gets budgets scaled by the slower of the two.
+        self.calibrations = [calibration_s()] if self.reference_s else []
+        self.factor = 1.0
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
@@ -96,14 +131,17 @@ class TierBudgets:
             self.seconds[tier] += report.duration
 
     def verdicts(self) -> list[Verdict]:
-        return judge(dict(self.seconds), self.budgets_min, self.tolerance)
+        return judge(dict(self.seconds), self.budgets_min, self.tolerance, self.factor)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.calibrations and self.seconds:
+            self.calibrations.append(calibration_s())
+            self.factor = speed_factor(max(self.calibrations), self.reference_s, self.most)
         failed = [v for v in self.verdicts() if v.state == "failed"]
         if times_file := os.environ.get(TIMES_ENV):
             with open(times_file, "a") as out:
-                out.writelines(f"{v.tier} {v.seconds:.1f}\n" for v in self.verdicts())
+                out.writelines(f"{v.tier} {v.seconds:.1f} {v.factor:.3f}\n" for v in self.verdicts())
         if failed and self.enforce and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -113,6 +151,10 @@ class TierBudgets:
             return
         wall = (time.monotonic() - self.started) / 60
         terminalreporter.write_sep("-", "time per tier (tests/budgets.toml)")
+        if self.calibrations:
+            terminalreporter.write_line(
+                f"machine speed: calibration {max(self.calibrations):.3f} s against {self.reference_s:.3f} s on "
+                f"the budgets' machine: budgets x{self.factor:.2f} (at most x{self.most:g})")
         for verdict in verdicts:
             markup = {"ok": {}, "over": {"yellow": True}, "failed": {"red": True, "bold": True}}[verdict.state]
             terminalreporter.write_line(f"tier {verdict.line()}", **markup)

@@ -115,11 +115,15 @@ def submit_all(service: dict) -> Journey:
         method={"type": "supervised", "supervised": {"hyperparameters": {
             "batch_size": 4, "learning_rate_multiplier": 10, "max_steps": 3, "max_seq_len": 96}}},
     )
-    # The DPO job's end is told to a receiver on loopback by the service's webhook sender.
+    # The DPO job's end is told to a receiver on loopback by the service's webhook sender; the
+    # receiver verifies each delivery as it arrives with OpenAI's own SDK.
     journey.receiver = Receiver()
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     journey.webhook = httpx.post(f"{url}/webhooks", headers=headers, json={
         "url": journey.receiver.url, "events": ["fine_tuning.job.succeeded"]}).raise_for_status().json()
+    secret = journey.webhook["secret"] or httpx.post(f"{url}/webhooks/secret", headers=headers).json()["secret"]
+    verifier = OpenAI(api_key="unused", webhook_secret=secret)
+    journey.receiver.check = lambda headers, body: verifier.webhooks.unwrap(body, headers)
     pairs = (BUNDLED_ASSETS / "data" / "demo" / "preference_train.jsonl").read_text().splitlines()[:32]
     uploaded_pairs = openai.files.create(file=("pairs.jsonl", ("\n".join(pairs) + "\n").encode()), purpose="fine-tune")
     journey.openai["dpo"] = openai.fine_tuning.jobs.create(

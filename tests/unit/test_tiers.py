@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import tiers
-from tests.helpers.budgets import judge, tier_of
+from tests.helpers.budgets import judge, speed_factor, tier_of
 from tests.helpers.paths import REPO
 
 #: A test that takes half a second: the tier's cost, made on purpose.
@@ -54,6 +54,15 @@ def test_verdicts_against_the_budget_and_its_tolerance():
     assert verdicts["e2e"].state == "over" and "OVER BUDGET" in verdicts["e2e"].line()
     assert judge({"e2e": 751}, budgets, 0.25)[0].state == "failed"
     assert verdicts["extra"].state == "failed"  # a tier with no budget line has none
+
+
+def test_a_slower_machine_gets_proportionally_more_time_up_to_a_limit():
+    assert speed_factor(0.29, 0.145, most=2.0) == pytest.approx(2.0)
+    assert speed_factor(0.10, 0.145, most=2.0) == 1.0  # never less than the budget
+    assert speed_factor(1.45, 0.145, most=2.0) == 2.0  # a machine 10x slower gets twice the time
+    slow = judge({"e2e": 751}, {"e2e": 10.0}, 0.25, factor=1.5)[0]
+    assert slow.state == "ok" and "x1.50 for this machine's speed" in slow.line()
+    assert judge({"e2e": 1126}, {"e2e": 10.0}, 0.25, factor=1.5)[0].state == "failed"
 
 
 def test_a_tier_within_its_budget_passes_and_prints_its_time(tmp_path):
