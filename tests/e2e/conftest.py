@@ -90,7 +90,7 @@ def spot_nodes(service, tmp_path):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def ray_jobs_budget(ray_cluster):
+def ray_jobs_budget(ray_cluster, pytestconfig):
     """Fails the tier when its tests started more Ray Jobs on the session's cluster than
     tests/budgets.toml's `e2e.ray_jobs` lines allow (counted once every test ran)."""
     yield
@@ -101,7 +101,9 @@ def ray_jobs_budget(ray_cluster):
     lines = tomllib.loads(budgets_path().read_text())["e2e"]["ray_jobs"]
     allowed = sum(line["jobs"] for line in lines)
     started = JobSubmissionClient(ray_cluster["dashboard_url"]).list_jobs()
-    print(f"\ne2e: {len(started)} Ray Jobs started on the session's cluster, {allowed} allowed (tests/budgets.toml)")
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    reporter.write_line(f"\ne2e: {len(started)} Ray Jobs started on the session's cluster, {allowed} allowed "
+                        f"(tests/budgets.toml)")
     assert len(started) <= allowed, (
         f"the e2e tier started {len(started)} Ray Jobs, its lines in tests/budgets.toml allow {allowed}: "
         f"assert on a journey's existing job, or add a line with the reason for a new one; started: "
