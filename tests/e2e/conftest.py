@@ -11,6 +11,9 @@ import pytest
 from tests.helpers.service_api import free_port, use_admin_key
 from tests.helpers.spot import SpotNodes
 
+#: The e2e tier's count of Ray Jobs against its budget, for the run's summary.
+RAY_JOBS_LINE = pytest.StashKey[str]()
+
 
 @pytest.fixture(scope="session")
 def service(ray_cluster, tmp_path_factory):
@@ -101,10 +104,15 @@ def ray_jobs_budget(ray_cluster, pytestconfig):
     lines = tomllib.loads(budgets_path().read_text())["e2e"]["ray_jobs"]
     allowed = sum(line["jobs"] for line in lines)
     started = JobSubmissionClient(ray_cluster["dashboard_url"]).list_jobs()
-    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    reporter.write_line(f"\ne2e: {len(started)} Ray Jobs started on the session's cluster, {allowed} allowed "
-                        f"(tests/budgets.toml)")
+    # Shown with the tiers' times (pytest_terminal_summary below): output here is captured.
+    pytestconfig.stash[RAY_JOBS_LINE] = (f"e2e: {len(started)} Ray Jobs started on the session's cluster, "
+                                         f"{allowed} allowed (tests/budgets.toml)")
     assert len(started) <= allowed, (
         f"the e2e tier started {len(started)} Ray Jobs, its lines in tests/budgets.toml allow {allowed}: "
         f"assert on a journey's existing job, or add a line with the reason for a new one; started: "
         f"{sorted(j.submission_id for j in started)}")
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:  # noqa: ANN001
+    if line := config.stash.get(RAY_JOBS_LINE, None):
+        terminalreporter.write_line(line)
