@@ -1,4 +1,8 @@
-"""Jobs that survive: faults injected into real Ray Train jobs run through the service.
+"""Journey: jobs that survive: faults injected into real Ray Train jobs run through the service (a
+killed worker and a lost driver, injected while their jobs train beside the reference; a job that
+diverges; an elastic job on spot nodes that grows, shrinks for another job and is drained). The
+object store and the whole cluster's loss have their modules: test_recovery_object_storage.py,
+test_recovery_whole_cluster.py.
 
 Each recovered job is compared with an uninterrupted reference run of the same request: the
 sample order is a function of (seed, step), dropout is off and the learning rate constant, so

@@ -62,7 +62,7 @@ class Verdict:
 
     def line(self) -> str:
         share = self.seconds / self.budget_s if self.budget_s else float("inf")
-        scaled = f" (x{self.factor:.2f} for this machine's speed)" if self.factor > 1 else ""
+        scaled = f" (x{self.factor:.2f} for this machine's speed)" if self.factor >= 1.005 else ""
         text = (f"{self.tier} {self.seconds / 60:.1f} min of {self.budget_s / 60:.3g}{scaled} "
                 f"({share:.0%})")
         if self.state == "over":

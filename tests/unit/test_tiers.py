@@ -40,6 +40,15 @@ def _pytest(root: Path, env: dict[str, str], *args: str) -> subprocess.Completed
                           text=True, timeout=120)
 
 
+def _run_tiers(root: Path, env: dict[str, str], capfd) -> tuple[int, str]:  # noqa: ANN001
+    """tests/tiers.py run over every tier of the tree at `root`, in this process: (exit status, output)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        code = tiers.main([], root=root)
+    return code, capfd.readouterr().out
+
+
 def test_a_tier_is_the_directory_of_its_test():
     assert tier_of("tests/unit/service/test_policy.py::test_x[a/b]") == "unit"
     assert tier_of("tests/e2e/test_job.py::test_y") == "e2e"
@@ -98,11 +107,7 @@ def test_a_tier_beyond_its_tolerance_fails_the_run_though_its_tests_pass(tmp_pat
 def test_the_runner_stops_at_the_first_failing_tier(tmp_path, capfd):
     env = _tree(tmp_path, {"unit": 30, "integration": 30, "e2e": 30},
                 {"tests/unit/test_a.py": FAILING, "tests/integration/test_b.py": SLOW, "tests/e2e/test_c.py": SLOW})
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        code = tiers.main([], root=tmp_path)
-    out = capfd.readouterr().out
+    code, out = _run_tiers(tmp_path, env, capfd)
     assert code == 1
     assert "=== tier unit" in out and "=== tier integration" not in out and "test_b.py" not in out
     assert "FAILED (exit 1)" in out and "not started after the failure: integration, e2e" in out
@@ -111,11 +116,7 @@ def test_the_runner_stops_at_the_first_failing_tier(tmp_path, capfd):
 def test_the_runner_runs_every_tier_in_order_and_sums_them_up(tmp_path, capfd):
     env = _tree(tmp_path, {"unit": 30, "integration": 30},
                 {"tests/unit/test_a.py": SLOW, "tests/integration/test_b.py": SLOW})
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        code = tiers.main([], root=tmp_path)
-    out = capfd.readouterr().out
+    code, out = _run_tiers(tmp_path, env, capfd)
     assert code == 0
     assert out.index("=== tier unit") < out.index("=== tier integration")
     summary = out[out.index("=== time per tier"):]
