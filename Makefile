@@ -71,5 +71,5 @@ bench: setup
 # Where CUDA exists: packed = unpacked loss and gradients, and no cross-example attention, under
 # flash-attention's varlen kernel (skipped without CUDA and flash-attn), then bench/gpu.py.
 gpu-check: setup
-	$(PY) -m pytest -q tests/unit/training/test_packing.py
+	$(PY) -m pytest -q tests/unit/training/test_packing.py tests/unit/training/test_device_path.py
 	$(PY) bench/gpu.py

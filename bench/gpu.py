@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import random
 import shutil
 import sys
@@ -162,6 +163,68 @@ def _bare_loop(config: dict[str, Any]) -> None:
                                               + [{"final": True, "peak_memory_gb": peak}]))
 
 
+def attention_probe(examples: int = 30) -> list[str]:
+    """What attention costs a packed micro-batch of `examples` fresh lengths (100-4096 tokens, new
+    for each way, as each training step's are): forward and backward of causal attention with the
+    bench model's heads (12 query, 6 key/value, dim 128, bf16), per example through SDPA's
+    default backend choice, per example with flash only, and as one `varlen_attn` call over the
+    packed row (`training/attention.py`'s device path). Returns the section's lines."""
+    import contextlib
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from eft.training.attention import _device_varlen, _varlen_kernel
+
+    device, dtype, heads, groups, dim = torch.device("cuda"), torch.bfloat16, 12, 2, 128
+
+    def tensors(n: int) -> tuple[torch.Tensor, ...]:
+        q = torch.randn(1, heads, n, dim, device=device, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(1, heads // groups, n, dim, device=device, dtype=dtype, requires_grad=True) for _ in "kv")
+        return q, k, v
+
+    q, k, v = tensors(1000)
+    choice = SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=True)).name
+
+    def per_example(lengths: list[int]) -> None:
+        for n in lengths:
+            q, k, v = tensors(n)
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+
+    def varlen(lengths: list[int]) -> None:
+        q, k, v = tensors(sum(lengths))
+        bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        _device_varlen(q, k, v, bounds, max(lengths), dim ** -0.5, None).sum().backward()
+
+    def timed(run, seed: int, backends=None) -> float:
+        rng = random.Random(seed)
+        lengths = [rng.randint(100, 4096) for _ in range(examples)]
+        context = sdpa_kernel(backends) if backends else contextlib.nullcontext()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with context:
+            run(lengths)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - started) * 1e3
+
+    timed(per_example, 0, [SDPBackend.FLASH_ATTENTION])  # the kernels' own warm-up
+    default = timed(per_example, 1)
+    flash = timed(per_example, 2, [SDPBackend.FLASH_ATTENTION])
+    one_call = timed(varlen, 3) if _varlen_kernel() is not None else float("nan")
+    one_call = min(one_call, timed(varlen, 4)) if _varlen_kernel() is not None else one_call
+    return [
+        f"Attention of one packed micro-batch of {examples} fresh example lengths (100-4096 tokens), forward and "
+        f"backward, 12 query / 6 key-value heads of 128, bf16: SDPA's own choice for a [1, 12, 1000, 128] causal "
+        f"segment is **{choice}** (torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}).", "",
+        "| attention | ms |", "|---|---:|",
+        f"| per example, SDPA's default backend | {default:.1f} |",
+        f"| per example, flash only | {flash:.1f} |",
+        f"| one `varlen_attn` call (the product's device path) | {one_call:.1f} |", "",
+    ]
+
+
 def planned_gb(model_dir: Path, cfg: Any) -> float:
     from eft.planner import PlanSpec, architecture_from_config, estimate_memory
     from eft.planner.spec import Configuration
@@ -214,6 +277,28 @@ def run_row(model_dir: Path, data: Path, strategy: str, method: str, args: argpa
             "peak_gb": final["peak_memory_gb"], "planned_gb": planned_gb(model_dir, cfg) if not bare else float("nan")}
 
 
+def versions() -> str:
+    """The versions of the libraries the rows run on, and the GPU driver's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    found = []
+    for name in ("ray", "transformers", "peft", "deepspeed", "bitsandbytes", "flash-attn"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"no {name}")
+    driver = ""
+    if torch.cuda.is_available():
+        import subprocess
+
+        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, check=False)
+        driver = f", driver {query.stdout.strip()}" if query.returncode == 0 else ""
+    return ", ".join(found) + driver
+
+
 def mean_attention_context(data: Path, model_dir: Path, seq_len: int) -> float:
     """Token-weighted mean example length (the attention term per token is 12·L·h times it)."""
     from transformers import AutoTokenizer
@@ -259,6 +344,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    try:
+        probe = attention_probe() if args.device == "cuda" else []
+    except Exception as error:  # the rows below still measure the product
+        import traceback
+
+        traceback.print_exc()
+        probe = [f"The attention probe failed: `{type(error).__name__}: {error}`.", ""]
+    print("\n".join(probe), flush=True)
     home = Path(tempfile.mkdtemp(prefix="eft-gpu-"))
     model_dir, data = home / "model", home / "train.jsonl"
     shape = build(model_dir, args.small)
@@ -266,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     context = mean_attention_context(data, model_dir, args.seq_len)
     flops_per_token = 6 * shape["non_embedding"] + 12 * shape["layers"] * shape["hidden"] * context
     # The workers import bench/ (the loop's wrapper) from the repository.
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     ray.init(address="local", num_cpus=4, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             runtime_env={"env_vars": {"PYTHONPATH": python_path}})
     results = []
     try:
         for row in args.rows_to_run.split(","):
@@ -285,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
     section = "\n".join([
         SECTION, "",
-        f"`bench/gpu.py` on {datetime.now():%Y-%m-%d %H:%M} UTC. Machine: {machine()}.", "",
+        f"`bench/gpu.py` on {datetime.now():%Y-%m-%d %H:%M} UTC. Machine: {machine()}; {versions()}.", "",
         f"Llama from config: {shape['params'] / 1e6:.0f}M parameters ({shape['non_embedding'] / 1e6:.0f}M without "
         f"embeddings; {shape['layers']} layers, hidden {shape['hidden']}), text examples of log-normal length "
         f"(token-weighted mean context {context:.0f}), packed into micro-batches of {args.rows} x {args.seq_len} "
@@ -293,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         f"one-GPU Ray Train worker; MFU against {args.peak_tflops:g} TFLOP/s (6N + attention). The `bare` row is "
         f"the ceiling to compare with: the same model and LoRA in a plain PyTorch loop (PEFT, SDPA, AdamW) on whole "
         f"rows of random tokens, {args.tokens_per_step} tokens per step, in the same kind of worker.", "",
+        *probe,
         "| strategy | method | attention | tokens/s | MFU | peak GB | planner GB | planner / peak |",
         "|---|---|---|---:|---:|---:|---:|---:|",
         *(f"| {r['strategy']} | {r['method']} | {r['attention']} | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | "

@@ -42,6 +42,27 @@ RETRY_ATTEMPTS = 3
 RETRY_BACKOFF_S = 0.5
 
 
+def _wal(cursor) -> None:  # noqa: ANN001
+    """Put the database in WAL mode (it stays so: later connections only read the mode). Two
+    processes opening a new database at once (two replicas, two jobs' drivers) can both try to
+    switch it, and SQLite answers the loser's switch with "database is locked" at once, without
+    its busy handler: the switch is retried for up to 30 s, as the busy timeout would wait."""
+    import sqlite3
+    import time
+
+    if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+        return
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def make_engine(url: str) -> sa.Engine:
     """An engine for `url`: SQLite with WAL for one machine, or a pooled server database."""
     if url.startswith("sqlite"):
@@ -61,8 +82,8 @@ def make_engine(url: str) -> sa.Engine:
         @sa_event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):  # noqa: ANN001
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA busy_timeout=30000")
+            _wal(cur)
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
             # SQLAlchemy, not the sqlite3 module, begins transactions (below): the module's own

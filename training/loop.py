@@ -40,7 +40,8 @@ from eft.training.data import (
 from eft.training.datacache import load_examples_cached
 from eft.training.errors import PreemptionCheckpointed, TrainingUserError
 from eft.training.model import load_reference_model, load_trainable_model, pretrained_path, skip_unused_quantization
-from eft.training.packing import balance_by_tokens, collate_packed, packed_inputs, packed_micro_batches, real_tokens
+from eft.training.packing import (balance_by_tokens, collate_packed, packed_inputs, packed_micro_batches,
+                                  packed_targets, real_tokens)
 from eft.training.preference import (
     PAIR_METRICS, micro_batch_loss, pair_logps, pair_sequences, sequence_bounds,
 )
@@ -294,8 +295,7 @@ class Recipe:
             else:
                 batch, tokens = collate(examples, self.pad_id), sum(len(e.input_ids) for e in examples)
             if pin:
-                # The boundaries stay pageable: read on the host, or copied once to the device.
-                batch = {k: v if k in ("cu_seq_lens", "max_length") else v.pin_memory() for k, v in batch.items()}
+                batch = {k: v if k == "max_length" else v.pin_memory() for k, v in batch.items()}
             out.append((batch, tokens, 1.0 if micro_batch else 0.0))
         return out, global_tokens
 
@@ -313,9 +313,8 @@ class Recipe:
 
     def _to_device(self, host_batch: dict[str, torch.Tensor], pin: bool) -> dict[str, Any]:
         if "cu_seq_lens" in host_batch:
-            batch = packed_inputs(host_batch, self.device, self.cfg.attention)
-            batch["labels"] = host_batch["labels"].to(self.device, non_blocking=pin)
-            return batch
+            return {**packed_inputs(host_batch, self.device, self.cfg.attention),
+                    **packed_targets(host_batch, self.device)}
         return {k: v.to(self.device, non_blocking=pin) for k, v in host_batch.items()}
 
     def train_step(self, window: Window) -> Any:

@@ -78,3 +78,17 @@ def fuse_lora_updates(model: torch.nn.Module, strategy: str) -> int:
             module.lora_variant[name] = FusedLora()
             fused += 1
     return fused
+
+
+def keep_activation_dtype(model: torch.nn.Module) -> int:
+    """Under autocast, LoRA layers take the activations as they come: PEFT casts a layer's input
+    to its adapter's dtype first (bf16 activations to fp32 for fp32 adapters), and autocast then
+    casts it back to bf16 for the adapter's matrix product, two passes over the activation in
+    each direction on every adapted layer for nothing. Returns how many layers it changed. Only
+    for strategies that run the forward under autocast: without it the dtypes must match."""
+    changed = 0
+    for module in model.modules():
+        if getattr(module, "cast_input_dtype_enabled", False):
+            module.cast_input_dtype_enabled = False  # PEFT's switch (`peft.helpers.disable_input_dtype_casting`)
+            changed += 1
+    return changed

@@ -70,7 +70,8 @@ def balance_by_tokens(lengths: Sequence[int], world_size: int) -> list[list[int]
 
 def collate_packed(examples: Sequence[Example], pad_token_id: int) -> dict[str, torch.Tensor]:
     """A packed micro-batch as one row: input_ids, labels and position_ids of shape [1, tokens],
-    `cu_seq_lens` (int32, the examples' boundaries: 0, n1, n1+n2, ...) and `max_length`."""
+    `cu_seq_lens` (int32, the examples' boundaries: 0, n1, n1+n2, ...), `max_length`, and for
+    the loss `keep` (the positions that predict a target) and `targets` (what they predict)."""
     import torch
 
     del pad_token_id  # nothing is padded
@@ -82,23 +83,45 @@ def collate_packed(examples: Sequence[Example], pad_token_id: int) -> dict[str, 
     position_ids = torch.cat([torch.arange(n) for n in lengths])
     bounds = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     bounds[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+    # What the loss needs, found here on the host: the positions that predict a target (position
+    # t predicts the label at t + 1) and those targets.
+    targets = torch.cat([labels[1:], torch.tensor([IGNORE_INDEX])])
+    keep = (targets != IGNORE_INDEX).nonzero().squeeze(1)
     return {"input_ids": input_ids[None], "labels": labels[None], "position_ids": position_ids[None],
-            "cu_seq_lens": bounds, "max_length": torch.tensor(max(lengths))}
+            "cu_seq_lens": bounds, "max_length": torch.tensor(max(lengths)),
+            "keep": keep, "targets": targets[keep]}
 
 
 def packed_inputs(batch: dict[str, torch.Tensor], device: torch.device, kernel: str) -> dict[str, object]:
-    """The model's keyword arguments for a collated packed micro-batch on `device`. The boundaries
-    go to the device for flash-attention's kernel and stay on the host for the per-example
-    kernels, which read them there (no device sync)."""
-    from eft.training.attention import FLASH_KERNELS
+    """The model's keyword arguments for a collated packed micro-batch on `device`, copied
+    without blocking (from pinned memory where the loop pinned it).
+
+    The boundaries go to the device for flash-attention's kernels and for the per-example
+    kernels' device path (one varlen call per layer, `training/attention.py`), which also keep
+    the host values on the copy (`host_bounds`) for any layer that reads them; on the CPU they
+    stay on the host. The per-example kernels get `PACKED_ROW_MASK`: transformers then builds no
+    mask, and does not look for packed sequences in the position ids (a device sync)."""
+    from eft.training.attention import FLASH_KERNELS, PACKED_ROW_MASK
 
     bounds = batch["cu_seq_lens"]
-    if kernel in FLASH_KERNELS:
+    if kernel in FLASH_KERNELS or device.type != "cpu":
+        host_bounds = bounds.tolist()
         bounds = bounds.to(device, non_blocking=True)
+        bounds.host_bounds = host_bounds
     longest = int(batch["max_length"])
-    return {"input_ids": batch["input_ids"].to(device, non_blocking=True),
-            "position_ids": batch["position_ids"].to(device, non_blocking=True),
-            "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+    inputs: dict[str, object] = {
+        "input_ids": batch["input_ids"].to(device, non_blocking=True),
+        "position_ids": batch["position_ids"].to(device, non_blocking=True),
+        "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+    if kernel not in FLASH_KERNELS:
+        inputs["attention_mask"] = PACKED_ROW_MASK
+    return inputs
+
+
+def packed_targets(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The loss's side of a collated packed micro-batch on `device`: labels, and the kept
+    positions with their targets (`collate_packed`), copied without blocking."""
+    return {k: batch[k].to(device, non_blocking=True) for k in ("labels", "keep", "targets")}
 
 
 def real_tokens(examples: Sequence[Example]) -> int:

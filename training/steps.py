@@ -50,46 +50,62 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids",
                 "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-#: fp32 values (chunk tokens x vocabulary) the loss works on at a time: 8M, about 100 MB of
-#: temporaries whatever the micro-batch and the vocabulary. The planner counts the same chunk
-#: (`eft.planner.memory.loss_chunk_tokens`).
+#: fp32 values (chunk tokens x vocabulary) the loss works on at a time on the CPU: 8M, about
+#: 100 MB of temporaries whatever the micro-batch and the vocabulary. The planner counts the same
+#: chunk (`eft.planner.memory.loss_chunk_tokens`).
 LOSS_CHUNK_ELEMENTS = 1 << 23
+#: On an accelerator, at most this many chunks per micro-batch: each chunk is about a dozen
+#: kernel launches of a few microseconds of work, so small chunks would leave the device waiting
+#: on the host. A chunk's fp32 copy is then up to a quarter of the kept tokens' logits in fp32
+#: (the bf16 logits and their gradient take 4 bytes per token and vocabulary entry, the chunk 1).
+LOSS_DEVICE_CHUNKS = 4
 
 
-def loss_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per loss chunk: 65 for Llama 3's 128k vocabulary, at least 64."""
-    return max(64, LOSS_CHUNK_ELEMENTS // max(1, vocab_size))
+def loss_chunk_tokens(vocab_size: int, tokens: int = 0, device: str = "cpu") -> int:
+    """Tokens per loss chunk: on the CPU 65 for Llama 3's 128k vocabulary, at least 64; on an
+    accelerator also at least a `LOSS_DEVICE_CHUNKS`-th of the micro-batch's `tokens`."""
+    chunk = max(64, LOSS_CHUNK_ELEMENTS // max(1, vocab_size))
+    if device != "cpu":
+        chunk = max(chunk, -(-tokens // LOSS_DEVICE_CHUNKS))
+    return chunk
 
 
-def _chunks(logits: torch.Tensor, labels: torch.Tensor, chunk: int, total: torch.Tensor,
-            grad: torch.Tensor | None) -> None:
-    """Add each chunk's loss to `total` and write its gradient to `grad` (when given).
+def _chunks(logits: torch.Tensor, labels: torch.Tensor, chunk: int, losses: torch.Tensor,
+            grad: torch.Tensor | None, all_targeted: bool) -> None:
+    """Write each row's loss to `losses` and its gradient to `grad` (when given), a chunk of rows
+    at a time. With `all_targeted` (the caller kept only target positions) no row is masked.
 
     The softmax is built in one fp32 buffer per chunk: the gradient's own rows when the logits
     are fp32, else an upcast copy of the chunk. The logits are never written to (the model may
-    have saved them for its backward: Gemma 2's soft-capping does)."""
+    have saved them for its backward: Gemma 2's soft-capping does). About a dozen operations a
+    chunk, none reading a value on the host."""
+    minus_one = torch.full((1, 1), -1.0, device=logits.device).expand(chunk, 1) if grad is not None else None
     for start in range(0, logits.shape[0], chunk):
         rows = logits[start:start + chunk]
         y = labels[start:start + chunk]
-        targeted = y != IGNORE_INDEX
-        y = y.masked_fill(~targeted, 0)
-        picked = rows.gather(1, y[:, None]).squeeze(1).float()
-        peak = rows.amax(dim=-1, keepdim=True).float()
-        if grad is not None and grad.dtype == torch.float32:
-            work = torch.sub(rows, peak, out=grad[start:start + chunk])
+        n = rows.shape[0]
+        if not all_targeted:
+            targeted = y != IGNORE_INDEX
+            y = y.masked_fill(~targeted, 0)
+        if grad is not None and grad.dtype == torch.float32 and rows.dtype == torch.float32:
+            work = torch.sub(rows, rows.amax(dim=-1, keepdim=True), out=grad[start:start + n])
         else:
-            work = rows.to(torch.float32, copy=True).sub_(peak)
+            work = rows.to(torch.float32, copy=True)
+            work.sub_(work.amax(dim=-1, keepdim=True))
+        picked = work.gather(1, y[:, None])  # the target's logit, less the row's peak
         sums = work.exp_().sum(dim=-1, keepdim=True)
-        log_z = (peak + sums.log()).squeeze(1)
-        # where, not a product: a row that is not a target may hold inf (0 * inf is NaN)
-        total += torch.where(targeted, log_z - picked, 0.0).sum()
+        row_losses = torch.sub(sums.log(), picked, out=losses[start:start + n, None])
+        if not all_targeted:
+            # where, not a product: a row that is not a target may hold inf (0 * inf is NaN)
+            row_losses.masked_fill_(~targeted[:, None], 0.0)
         if grad is not None:
             # d(sum of -log softmax[y]) / dz = softmax(z) - onehot(y), on targeted rows only.
             work.div_(sums)
-            work.scatter_add_(1, y[:, None], torch.full_like(work[:, :1], -1.0))
-            work.masked_fill_(~targeted[:, None], 0.0)
-            if work.dtype != grad.dtype:
-                grad[start:start + chunk] = work
+            work.scatter_add_(1, y[:, None], minus_one[:n])
+            if not all_targeted:
+                work.masked_fill_(~targeted[:, None], 0.0)
+            if work.data_ptr() != grad[start:start + n].data_ptr():
+                grad[start:start + n].copy_(work)
 
 
 class _TokenCrossEntropySum(torch.autograd.Function):
@@ -106,43 +122,65 @@ class _TokenCrossEntropySum(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk: int, all_targeted: bool) -> torch.Tensor:
         needs_grad = ctx.needs_input_grad[0]
         # fp16 would flush small probabilities to zero before the loss scale lifts them: its
         # gradient is kept in fp32 (bf16 has fp32's range).
         grad_dtype = torch.float32 if logits.dtype == torch.float16 else logits.dtype
         grad = torch.empty_like(logits, dtype=grad_dtype) if needs_grad else None
         ctx.logits_dtype = logits.dtype
-        total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        with torch.autocast(logits.device.type, enabled=False):
-            _chunks(logits, labels, chunk, total, grad)
+        losses = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        with _autocast_off(logits.device.type):
+            _chunks(logits, labels, chunk, losses, grad, all_targeted)
         ctx.save_for_backward(grad)
-        return total
+        return losses.sum()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
         (grad,) = ctx.saved_tensors
         # One rounding: the scale (the loss scale, 1 / tokens) multiplies in fp32.
-        return grad.mul_(grad_output).to(ctx.logits_dtype), None, None
+        return grad.mul_(grad_output).to(ctx.logits_dtype), None, None, None
 
 
-def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+def _autocast_off(device_type: str):
+    import contextlib
+
+    if not torch.amp.is_autocast_available(device_type):  # the meta device, where the device path is checked
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
+
+
+def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, chunk: int | None = None,
+                            all_targeted: bool = False) -> torch.Tensor:
     """Sum of cross-entropy over the targeted positions: `logits` [..., V] predict `labels`
-    [...] (-100: not a target), computed chunk by chunk (`_TokenCrossEntropySum`)."""
+    [...] (-100: not a target; with `all_targeted` the caller promises there is none), computed
+    chunk by chunk (`_TokenCrossEntropySum`)."""
     logits = logits.reshape(-1, logits.shape[-1])
-    return _TokenCrossEntropySum.apply(logits, labels.reshape(-1), chunk or loss_chunk_tokens(logits.shape[-1]))
+    chunk = chunk or loss_chunk_tokens(logits.shape[-1], logits.shape[0], logits.device.type)
+    return _TokenCrossEntropySum.apply(logits, labels.reshape(-1), chunk, all_targeted)
 
 
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of next-token cross-entropy over the target tokens of a micro-batch (fp32).
 
     The model projects only the hidden states of positions that predict a target onto the
-    vocabulary (transformers' `logits_to_keep` with a boolean mask): a prompt, a masked turn or
+    vocabulary (transformers' `logits_to_keep`: the positions a packed row's collator found, a
+    boolean mask for a padded batch): a prompt, a masked turn or
     an example's last token costs no output projection, no logits and no softmax. On a chat set
     that trains the answers only, that is often half of the positions; the output projection is
     a fifth of a 1B model's weights (Llama 3.2 1B, Qwen2.5 0.5B: more)."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    if "keep" in batch:
+        # A packed row: the positions that predict a target and their targets, found by the
+        # collator on the host (`training/packing.py:collate_packed`), so nothing here waits
+        # for the device.
+        keep = batch["keep"]
+        if keeps_logits(model):
+            logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits  # [1, kept, V]
+        else:
+            logits = model(**inputs, use_cache=False).logits[0].index_select(0, keep)
+        return token_cross_entropy_sum(logits, batch["targets"], all_targeted=True)
     targets = next_token_targets(batch["labels"])
     if keeps_logits(model):
         keep = targets != IGNORE_INDEX

@@ -219,14 +219,20 @@ def layer_activation_bytes(spec: PlanSpec, attention: str) -> float:
     return per_token * spec.seq_len * spec.micro_batch
 
 
-#: fp32 values (chunk tokens x vocabulary) the training loss works on at a time
+#: fp32 values (chunk tokens x vocabulary) the training loss works on at a time on the CPU
 #: (`training.steps.token_cross_entropy_sum`): 8M, about 100 MB of temporaries.
 LOSS_CHUNK_ELEMENTS = 1 << 23
+#: On an accelerator at most this many chunks per micro-batch (`training.steps.LOSS_DEVICE_CHUNKS`).
+LOSS_DEVICE_CHUNKS = 4
 
 
-def loss_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per chunk of the training loss: 65 for Llama 3's 128k vocabulary, at least 64."""
-    return max(64, LOSS_CHUNK_ELEMENTS // max(1, vocab_size))
+def loss_chunk_tokens(vocab_size: int, tokens: int = 0, device: str = "cpu") -> int:
+    """Tokens per chunk of the training loss: on the CPU 65 for Llama 3's 128k vocabulary, at
+    least 64; on an accelerator also at least a `LOSS_DEVICE_CHUNKS`-th of the micro-batch."""
+    chunk = max(64, LOSS_CHUNK_ELEMENTS // max(1, vocab_size))
+    if device != "cpu":
+        chunk = max(chunk, -(-tokens // LOSS_DEVICE_CHUNKS))
+    return chunk
 
 
 def loss_bytes(spec: PlanSpec) -> float:
@@ -236,7 +242,8 @@ def loss_bytes(spec: PlanSpec) -> float:
     (`training.steps.token_loss_sum`), and a dataset may train every token."""
     tokens, vocab, e = spec.seq_len * spec.micro_batch, spec.architecture.vocab_size, element_bytes(spec)
     overheads = spec.overheads
-    chunk = overheads.loss_chunk_bytes * min(tokens, loss_chunk_tokens(vocab)) * vocab if e < 4 else 0.0
+    chunk_tokens = min(tokens, loss_chunk_tokens(vocab, tokens, spec.device))
+    chunk = overheads.loss_chunk_bytes * chunk_tokens * vocab if e < 4 else 0.0
     grad = 4 if spec.precision == "fp16" else e  # fp16 logits get an fp32 gradient (fp16's range is short)
     return (e + grad) * tokens * vocab + chunk
 

@@ -11,6 +11,7 @@ import ray.train.torch
 import torch
 
 from eft.training.config import TrainConfig
+from eft.training.lora import keep_activation_dtype
 from eft.training.model import compute_dtype, load_trainable_state, trainable_state
 from eft.training.strategies import trainable_parameters
 
@@ -26,6 +27,8 @@ class DDPStrategy:
         self.model = ray.train.torch.prepare_model(model)
         self.device_type = ray.train.torch.get_device().type
         self.dtype = compute_dtype(self.cfg)
+        if self.dtype != torch.float32:
+            keep_activation_dtype(model)  # autocast casts for the adapters' products
         self.scaler = (
             torch.amp.GradScaler(self.device_type) if self.dtype == torch.float16 else None
         )

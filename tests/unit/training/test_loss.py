@@ -132,6 +132,12 @@ def test_chunks_fit_the_budget_whatever_the_vocabulary() -> None:
     assert loss_chunk_tokens(128_256) == 65  # Llama 3: 65 x 128k fp32 values per chunk
     assert loss_chunk_tokens(151_936) == 64  # Qwen 2.5 (the floor)
     assert loss_chunk_tokens(1_000) * 1_000 <= 1 << 23
+    # On an accelerator a micro-batch takes at most 4 chunks, whatever its size; the planner too.
+    for vocab, tokens in ((32_000, 16_384), (128_256, 4_096), (151_936, 100), (1_000, 50_000)):
+        chunk = loss_chunk_tokens(vocab, tokens, "cuda")
+        assert -(-tokens // chunk) <= 4 and chunk >= loss_chunk_tokens(vocab)
+        assert planned(vocab, tokens, "cuda") == chunk
+    assert loss_chunk_tokens(32_000, 16_384, "cpu") == loss_chunk_tokens(32_000)
 
 
 def test_the_model_loss_pairs_each_position_with_the_next_label() -> None:

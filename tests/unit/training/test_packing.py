@@ -4,8 +4,9 @@ A two-layer Llama built from config (random weights, fp32) runs every attention 
 micro-batch can take in training: the per-example kernels (`eft_packed`, `eft_packed_eager`,
 what jobs with sdpa or eager attention run), the stock kernels given only the position ids
 (transformers' block-diagonal mask, what a model called without the boundaries falls back to),
-the per-example kernels on a CUDA device too where there is one, and flash-attention's varlen
-kernel where CUDA and flash-attn are installed.
+the per-example kernels on a CUDA device too where there is one (in bf16 the device path: one
+`varlen_attn` call per layer), and flash-attention's varlen kernel where CUDA and flash-attn are
+installed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from eft.training.attention import VARLEN_NAMES, register
 from eft.training.data import IGNORE_INDEX, Example, collate
 from eft.training.steps import token_loss_sum
 from eft.training.packing import (balance_by_tokens, collate_packed, pack_rows, packed_inputs, packed_micro_batches,
-                                  real_tokens)
+                                  packed_targets, real_tokens)
 
 PAD = 0
 CUDA = torch.cuda.is_available()
@@ -34,6 +35,9 @@ PATHS = [
     pytest.param("eft_packed", "sdpa", "cuda", torch.float32,
                  marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA device")),
     pytest.param("eft_packed_eager", "eager", "cuda", torch.float32,
+                 marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA device")),
+    # bf16 on a GPU: one varlen_attn call per layer (the device path), where fp32 runs per example
+    pytest.param("eft_packed", "sdpa", "cuda", torch.bfloat16,
                  marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA device")),
     pytest.param("flash_attention_2", "flash_attention_2", "cuda", torch.bfloat16,
                  marks=pytest.mark.skipif(not FLASH, reason="flash-attention needs CUDA and the flash-attn package")),
@@ -78,7 +82,7 @@ def packed_batch(examples: list[Example], kernel: str, device: str) -> dict:
     inputs = packed_inputs(host, torch.device(device), kernel)
     if "position-ids" in kernel:
         inputs = {k: inputs[k] for k in ("input_ids", "position_ids")}
-    return {**inputs, "labels": host["labels"].to(device)}
+    return {**inputs, **packed_targets(host, torch.device(device))}
 
 
 @pytest.mark.parametrize("model_kernel,kernel,device,dtype", PATHS)
