@@ -8,7 +8,7 @@
 #               GPU rows of BENCHMARKS.md (the product's loop per strategy: tokens/s, MFU, memory)
 # make bench  - set up if needed, then the benchmarks: planner vs measured memory, recovery costs,
 #               the loss on trained positions only, the fused LoRA update, speed vs transformers.Trainer + PEFT, service overhead,
-#               start and API latency, GPU MFU (BENCHMARKS.md)
+#               start and API latency, the GPU path counted on the CPU, GPU MFU (BENCHMARKS.md)
 
 PYTHON ?= python3
 VENV := .venv
@@ -65,6 +65,7 @@ bench: setup
 	$(PY) bench/lora_fused.py
 	$(PY) bench/recovery.py
 	$(PY) bench/speed.py
+	$(PY) bench/gpu_path.py
 	$(PY) bench/gpu.py
 	$(PY) bench/scheduler.py
 

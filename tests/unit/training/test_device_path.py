@@ -136,3 +136,32 @@ def test_the_loss_launches_at_most_50_operations_per_micro_batch(dtype: torch.dt
     launched = sum(n for name, n in ops.counts.items() if name.split(".")[-1] not in views)
     assert launched <= 50, ops.counts
     assert ops.counts["aten.gather"] == 4  # four chunks
+
+
+def test_lora_layers_under_autocast_keep_the_activations_dtype() -> None:
+    """bf16 base, fp32 adapters under autocast (DDP's mixed precision): PEFT's cast of every
+    adapted layer's input to fp32, which autocast casts back for the product, is switched off.
+    Fewer casts, the same logits (autocast runs the adapters' products in bf16 either way)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eft.training.lora import keep_activation_dtype
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2)).to(torch.bfloat16)
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
+    ids = torch.randint(1, 97, (1, 24))
+
+    def forward() -> tuple[torch.Tensor, int]:
+        with Ops() as ops, torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(input_ids=ids, use_cache=False).logits
+        return logits, ops.counts["aten._to_copy"]
+
+    before, casts_before = forward()
+    assert keep_activation_dtype(model) == 14  # 7 linear layers a block, 2 blocks
+    after, casts_after = forward()
+    assert casts_after <= casts_before - 14  # at least one cast of an activation less per adapted layer
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
