@@ -36,6 +36,9 @@ B. Activations, counted per operation from what autograd saves in a pre-norm dec
      e bytes on the CPU, where dropout multiplies by a noise tensor) and its rank-r
      intermediate; with dropout 0 it keeps only its input, shared by linears that read the same
      tensor.
+   - 16-bit activations: each RMSNorm also keeps the fp32 copy of its input it computes in (4h);
+     under QLoRA the MLP's gate, up and act are fp32 (PEFT's k-bit preparation keeps the norms
+     in fp32, and bitsandbytes' 4-bit layers return their input's dtype).
    All L layers are kept; with gradient checkpointing only their inputs (L·h·e) and, during
    backward, one recomputed layer with the gradients of its MLP's gate and up outputs (its
    backward holds them at once). Then the final norm, and the loss: computed in chunks of
@@ -205,6 +208,10 @@ def layer_activation_bytes(spec: PlanSpec, attention: str) -> float:
         per_token += heads * FP32
     stats = 2 * (2 if arch.layer_norm else 1) * FP32  # the two norms' fp32 statistics
     per_token += stats
+    if e < FP32 and not arch.layer_norm:
+        # transformers' RMSNorms compute in fp32: with 16-bit activations each keeps an fp32 copy
+        # of its input (measured in bf16, with and without autocast: bench/activations.py)
+        per_token += 2 * FP32 * h
     if spec.method == "full":
         norm = (1 if arch.layer_norm else 2) * h  # RMSNorm keeps x·rsqrt and the weighted output
         mlp = (4 if arch.gated_mlp else 2) * inner
@@ -213,7 +220,10 @@ def layer_activation_bytes(spec: PlanSpec, attention: str) -> float:
         adapted = {m.name for m in arch.adapted_linears(spec.lora_targets)}
         attn_in, attn_out, mlp_in, mlp_out = _groups(spec)
         mlp = (3 if arch.gated_mlp else 1) * inner  # gate, act, up (act input without a gate)
-        per_token += (h + h + mlp) * e  # input, residual, MLP
+        # QLoRA: PEFT's k-bit preparation keeps the norms in fp32, so the MLP's 4-bit layers get
+        # (and return, as bitsandbytes does) fp32 activations
+        mlp_bytes = FP32 if spec.method == "qlora" else e
+        per_token += (h + h) * e + mlp * mlp_bytes  # input, residual, MLP
         for group in (attn_in, attn_out, mlp_in, mlp_out):
             per_token += _adapter_bytes(group, adapted, spec, mask)
     return per_token * spec.seq_len * spec.micro_batch

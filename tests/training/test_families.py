@@ -364,6 +364,64 @@ def test_planned_activations_are_what_autograd_saves(name, method):
     assert planned == pytest.approx(sum(saved.values()), rel=0.12), (planned, sum(saved.values()))
 
 
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("name", ACTIVATION_FAMILIES)
+def test_planned_bf16_activations_are_what_autograd_saves(name, method):
+    """The same in bf16, as a GPU job runs: the module in bf16 for full fine-tuning, a bf16 base
+    with fp32 adapters under bf16 autocast for LoRA (the DDP strategy's layout, activations kept
+    in bf16 through the adapters), bitsandbytes' nf4 layers after PEFT's k-bit preparation for
+    QLoRA (they run on the CPU too). The norms' fp32 copies and QLoRA's fp32 MLP are counted."""
+    import contextlib
+    import dataclasses
+
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig
+
+    from eft.planner.architectures import architecture_from_config
+    from eft.planner.memory import forward_bytes
+    from eft.planner.spec import Configuration, PlanSpec
+    from eft.service.model_support import inspect_model
+    from eft.training.lora import keep_activation_dtype
+    from eft.training.model import peft_target_modules
+
+    path = MODELS / model_name(name)
+    support = inspect_model(str(path))
+    torch.manual_seed(0)
+    kwargs = {"dtype": torch.bfloat16, "attn_implementation": "sdpa"}
+    if method == "qlora":
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                           bnb_4bit_compute_dtype=torch.bfloat16,
+                                                           bnb_4bit_use_double_quant=True)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if method == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if method != "full":
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                                 target_modules=peft_target_modules(support.lora_spec("all-linear"))))
+        keep_activation_dtype(model)
+    model.train()
+    owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in owned:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    b, s = 2, 32
+    ids = torch.randint(5, 200, (b, s), generator=torch.Generator().manual_seed(0))
+    decoder = (model.get_base_model() if method != "full" else model).get_decoder()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if method != "full" else contextlib.nullcontext()
+    with autocast, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        decoder(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    arch = dataclasses.replace(architecture_from_config(path), linears=support.linears,
+                               num_parameters=support.parameters)
+    spec = PlanSpec(arch, method=method, seq_len=s, micro_batch=b, precision="bf16", device="cuda",
+                    **({"lora_r": 8, "lora_dropout": 0.0} if method != "full" else {}))
+    planned = forward_bytes(spec, Configuration("ddp", attention="sdpa"))
+    assert planned == pytest.approx(sum(saved.values()), rel=0.12), (planned, sum(saved.values()))
+
+
 def _lora_family_model(path: Path, alpha: int):
     """The family's model in fp32 with LoRA r 4 on every linear layer, B non-zero."""
     from peft import LoraConfig, get_peft_model
