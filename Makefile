@@ -60,6 +60,7 @@ clean:
 bench: setup
 	PYTHON=$(PYTHON) sh deploy/install.sh $(VENV) $(TORCH_VERSION) server,test,bench
 	$(PY) bench/memory.py
+	$(PY) bench/planner_published.py
 	$(PY) bench/activations.py
 	$(PY) bench/loss_positions.py
 	$(PY) bench/lora_fused.py
