@@ -142,15 +142,13 @@ def _device_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                    longest: int, scaling: float, window: int | None) -> torch.Tensor:
     """One flash varlen call over the row: [1, H, T, D] (k/v: [1, KV, T, D]) -> [1, T, H, D]."""
     varlen_attn, accepts = _varlen_kernel()
-    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, heads, D]
-    groups = q.shape[1] // k.shape[1]
+    groups = query.shape[1] // key.shape[1]
     extra: dict[str, Any] = {}
-    if groups > 1:
-        if "enable_gqa" in accepts:
-            extra["enable_gqa"] = True
-        else:
-            k = k[:, :, None].expand(-1, -1, groups, -1).reshape(k.shape[0], q.shape[1], k.shape[2])
-            v = v[:, :, None].expand(-1, -1, groups, -1).reshape(v.shape[0], q.shape[1], v.shape[2])
+    if groups > 1 and "enable_gqa" in accepts:
+        extra["enable_gqa"] = True
+    else:
+        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, heads, D]
     if "window_size" in accepts:
         # causal: (-1, 0); transformers' window keeps keys with q - kv < window
         extra["window_size"] = (-1, 0) if window is None else (window - 1, 0)
