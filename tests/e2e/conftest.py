@@ -35,9 +35,10 @@ def service(ray_cluster, tmp_path_factory):
         "EFT_WORKER_START_TIMEOUT_S": "20",
         "EFT_DISPATCH_GRACE_S": "5",
         # Every test calls as one tenant: let it run as many jobs at once as the cluster does
-        # (6 one-worker jobs start side by side within Ray Train's 20 s worker-group timeout
-        # here; the families test runs 13 jobs).
+        # (the journey's 6 jobs start side by side within Ray Train's 20 s worker-group timeout
+        # here).
         "EFT_MAX_RUNNING_JOBS_PER_TENANT": "6",
+        "EFT_MAX_RUNNING_JOBS": "6",
         # The custom resource the spot-node tests label their nodes with.
         "EFT_ALLOWED_WORKER_RESOURCES": '["eft_test_spot"]',
         "EFT_SPOT_RESOURCES": '["eft_test_spot"]',

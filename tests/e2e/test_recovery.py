@@ -27,7 +27,7 @@ from tests.helpers.jobs import (SPOT, adapter_of, assert_same_adapter, at, check
 from tests.helpers.service_api import client, wait_for
 
 RAY = str(Path(sys.executable).with_name("ray"))
-STEPS = 160
+STEPS = 100
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_elastic_job_grows_makes_room_for_a_higher_priority_job_and_loses_nothin
     until("steps on two workers", lambda: step_at_least(url, jid, grown["data"]["step"] + 5))
 
     # (2) A high-priority job on the full cluster: the elastic job shrinks to its minimum for it.
-    urgent = post(url, lora_body("urgent", 50, workers=1, scaling=spot, priority="high"))
+    urgent = post(url, lora_body("urgent", 10, workers=1, scaling=spot, priority="high"))
     # (4) A job whose minimum (2 spot workers) cannot be placed while both run: it waits, saying why.
     wide = post(url, lora_body("wide", 40, workers=2, scaling=spot))
     made_room = until("the shrink for the urgent job", event_check(

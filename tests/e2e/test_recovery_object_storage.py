@@ -17,7 +17,7 @@ import signal
 
 import pytest
 
-from tests.helpers.service_api import free_port, api, wait_for
+from tests.helpers.service_api import free_port, api, used_later, wait_for
 from tests.helpers.jobs import checkpointed, events_of, fetch, lora_body, post, until, worker_pids
 
 BUCKET = "eft-test"
@@ -51,7 +51,7 @@ DB_PASSWORD = f"pw-{secrets.token_hex(10)}"
 
 
 @pytest.fixture
-def s3_service(service, s3):
+def s3_service(service, s3, request):
     from tests.helpers.databases import postgres_schema_url
 
     with postgres_schema_url("eft_e2e") as url:
@@ -65,7 +65,8 @@ def s3_service(service, s3):
         try:
             yield service
         finally:
-            service["restart"]()
+            if used_later(request):
+                service["restart"]()
 
 
 def _keys(client, prefix: str) -> list[str]:

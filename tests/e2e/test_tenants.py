@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.databases import postgres_schema_url
 from tests.helpers.jobs import SPOT, events_of, fetch, lora_body, post, step_at_least, trained_steps, until
-from tests.helpers.service_api import as_json, client, key_for, wait_for
+from tests.helpers.service_api import as_json, client, key_for, used_later, wait_for
 
 
 
@@ -54,9 +54,10 @@ def test_two_tenants_with_equal_weights_each_get_half_the_slots(service, spot_no
 
 
 @pytest.fixture
-def two_replicas(service):
+def two_replicas(service, request):
     """The service as two replicas on one PostgreSQL queue, with at most one job running in the
-    cluster; `redeploy()` restarts both (a service restart). Back to the session's after."""
+    cluster; `redeploy()` restarts both (a service restart). Back to the session's after, where
+    a later test uses it."""
     from ray import serve
 
     from eft.api.local import deploy_app, wait_healthy
@@ -74,7 +75,8 @@ def two_replicas(service):
         try:
             yield {**service, "redeploy": redeploy}
         finally:
-            service["restart"]()
+            if used_later(request):
+                service["restart"]()
 
 
 @pytest.mark.postgres
@@ -90,8 +92,8 @@ def test_two_replicas_dispatch_every_job_once_and_a_restart_loses_none(two_repli
     url = two_replicas["url"]
     replicas = serve.status().applications["eft"].deployments["EftService"].replica_states
     assert replicas.get("RUNNING") == 2, replicas
-    running = post(url, lora_body("runs-through-restarts", 300))
-    waiting = post(url, lora_body("waits-through-restarts", 40))
+    running = post(url, lora_body("runs-through-restarts", 300, workers=1))
+    waiting = post(url, lora_body("waits-through-restarts", 40, workers=1))
     until("the first job to train", lambda: step_at_least(url, running["id"], 5))
     assert fetch(url, waiting["id"])["status"] == "queued"
 

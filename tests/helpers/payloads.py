@@ -14,8 +14,6 @@ from typing import Any
 import httpx
 
 from eft.service.settings import BUNDLED_ASSETS
-from eft.training.families import model_name
-from eft.training.family_specs import FAMILIES
 from tests.helpers.metrics import RaySeries
 from tests.helpers.receiver import Receiver
 from tests.helpers.service_api import ADMIN_KEY, as_json, client
@@ -54,24 +52,9 @@ EVAL_JOB = {
 }
 QLORA_JOB = {**LORA_JOB, "method": {"type": "qlora", "r": 8, "alpha": 16, "quant_type": "nf4"},
              "hyperparameters": {**LORA_JOB["hyperparameters"], "max_steps": 8}, "name": "e2e-qlora",
-             "checkpoint": {"every_steps": 100, "keep": 1}, "trackers": {}}
-#: The families' jobs: what is under test is the family (template, masks, modules, tied weights,
-#: loading); DDP, because one CPU worker under DDP starts without DeepSpeed's imports.
-FAMILY_HYPERPARAMETERS = {"max_steps": 2, "global_batch_size": 2, "micro_batch_size": 2, "max_seq_len": 128,
-                          "learning_rate": 1e-2}
-
-
-def one_per_architecture() -> list[str]:
-    """The first family (by name) of each model type of the conformance kit."""
-    chosen: dict[str, str] = {}
-    for family in sorted(FAMILIES):
-        chosen.setdefault(FAMILIES[family]["model_type"], family)
-    return sorted(chosen.values())
-
-
-def _chat(i: int) -> dict:
-    return {"messages": [{"role": "user", "content": f"What is {i} plus one?"},
-                         {"role": "assistant", "content": f"It is {i + 1}."}]}
+             "checkpoint": {"every_steps": 100, "keep": 1}, "trackers": {},
+             # One worker: QLoRA on two is the training tier's (tests/training/test_strategies.py).
+             "scaling": {"min_workers": 1}}
 
 
 @dataclass
@@ -82,7 +65,6 @@ class Journey:
     url: str
     jobs: dict[str, dict] = field(default_factory=dict)
     openai: dict[str, Any] = field(default_factory=dict)
-    families: dict[str, str] = field(default_factory=dict)
     series: RaySeries | None = None
     receiver: Receiver | None = None
     webhook: dict | None = None
@@ -140,16 +122,4 @@ def submit_all(service: dict) -> Journey:
     journey.jobs["user_error"] = as_json(eft.jobs.create({
         "model": "tiny-llama", "training_file": str(data / "long_prompts.jsonl"), "hyperparameters": {"max_seq_len": 16}}))
 
-    (data / "families-chat.jsonl").write_text("".join(json.dumps(_chat(i)) + "\n" for i in range(8)))
-    (data / "families-text.jsonl").write_text(
-        "".join(json.dumps({"text": f"The number {i} comes before {i + 1}."}) + "\n" for i in range(8)))
-    common = {"hyperparameters": FAMILY_HYPERPARAMETERS}
-    for family in one_per_architecture():
-        data_file = "families-chat.jsonl" if FAMILIES[family].get("chat_template") else "families-text.jsonl"
-        body = {"model": model_name(family), "training_file": data_file, "strategy": "ddp", **common}
-        journey.families[family] = as_json(eft.jobs.create(body))["id"]
-    # Full fine-tuning under FSDP of a tied-embedding model: checkpoints hold the shared weight once.
-    journey.jobs["full_fsdp"] = as_json(eft.jobs.create({
-        "model": model_name("qwen2.5"), "training_file": "families-chat.jsonl", "method": {"type": "full"},
-        "strategy": "fsdp", "checkpoint": {"every_steps": 1}, **common}))
     return journey

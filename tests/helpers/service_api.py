@@ -73,3 +73,11 @@ def wait_for(job_id: str, url: str, statuses: set[str], timeout_s: float = 420) 
             pytest.fail(f"job ended {job['status']}: {job.get('error')}\n{events}")
         time.sleep(0.5)
     pytest.fail(f"job {job_id} did not reach {statuses} in {timeout_s}s; last: {job['status']}")
+
+
+def used_later(request, fixture: str = "service") -> bool:  # noqa: ANN001 - pytest's FixtureRequest
+    """Whether a test after the current one uses `fixture`: a fixture that changed the session's
+    service restores it only then (a restart costs seconds of Serve's time)."""
+    items = request.session.items
+    later = items[items.index(request.node) + 1:] if request.node in items else items
+    return any(fixture in item.fixturenames for item in later)

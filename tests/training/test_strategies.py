@@ -285,7 +285,7 @@ OPTIONS = {
     "qlora-4bit-fp4-checkpointing": ("ddp", {"method": "qlora", "gradient_checkpointing": True,
                                              "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_type="fp4")}),
 }
-# Full fine-tuning trains under FSDP through the service (test_families_jobs.py, a tied-embedding
+# Full fine-tuning trains under FSDP as a job of the service (test_families_jobs.py, a tied-embedding
 # model) and under DDP with DPO (test_strategies_dpo.py).
 
 
