@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from eft.service.settings import Settings, get_settings
+from eft.types.text import decimal_int
 
 RAY_DASHBOARD_PORT = 8265
 # Not Ray's default 6379: that is Redis's port, and machines with Redis often run it there.
@@ -63,7 +64,7 @@ def _recorded_cluster_answers() -> bool:
     except ConnectionError:
         return False
     host, _, port = (address or "").rpartition(":")
-    if not host or not port.isdigit():
+    if not host or decimal_int(port) is None:
         return True  # nothing concrete recorded: let ray.init look
     try:
         with socket.create_connection((host, int(port)), timeout=2):

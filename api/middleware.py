@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 
 from eft.service import jsonlog, metrics
 from eft.service.settings import Settings
+from eft.types.text import decimal_int
 
 REQUEST_ID = "x-request-id"
 
@@ -32,7 +33,7 @@ def declared_body_too_large(path: str, headers: Headers, settings: Settings) -> 
     upload = path.startswith(("/files", "/v1/files"))
     limit = settings.max_upload_bytes + 1024**2 if upload else settings.max_request_bytes
     declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if (size := decimal_int(declared)) is not None and size > limit:
         setting = "EFT_MAX_UPLOAD_BYTES" if upload else "EFT_MAX_REQUEST_BYTES"
         return f"the body has {declared} bytes, over the limit of {limit}: send less, or ask the operator to raise {setting}"
     return None

@@ -43,6 +43,7 @@ from eft.types.jobs import (
 )
 from eft._errors import APIStatusError, EftError
 from eft.client import Client, __version__
+from eft.types.text import decimal_int
 
 app = typer.Typer(help="Elastic fine-tuning on Ray.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Create, inspect, pause, resume, cancel and wait for fine-tuning jobs.",
@@ -273,8 +274,8 @@ def jobs_create(
 ) -> None:
     """Submit a job: `eft jobs create --model tiny-llama --training-file data/train.jsonl`."""
     flags = {key: value for key, value in locals().items() if key in CREATE_FIELDS}
-    if priority is not None and priority.isdigit():
-        flags["priority"] = int(priority)
+    if priority is not None and (number := decimal_int(priority)) is not None:
+        flags["priority"] = number
     client = _client(ctx)
     job = client.jobs.create(build_request(file, flags))
     if wait:

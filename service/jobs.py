@@ -37,6 +37,7 @@ from eft.service.quotas import check_priority, check_quota, demand
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store
 from eft.service.validation import check_request, resolve_under_roots
+from eft.types.text import decimal_int
 
 log = logging.getLogger("eft.jobs")
 
@@ -165,10 +166,10 @@ class JobService:
         job_id, step = (ref.job_id, ref.step) if ref is not None else (source.partition(":")[0], None)
         if ref is None and ":" in source:
             text = source.partition(":")[2]
-            if not text.isdigit():
+            step = decimal_int(text)
+            if step is None:
                 raise RequestInvalid(problems=[Problem(param, "invalid_checkpoint", f"{source!r} is not "
                                                        "`<job id>:<step>`, `<job id>` or a checkpoint's model id")])
-            step = int(text)
         try:
             job = self.store.get_job(job_id, tenant)
         except JobNotFound:

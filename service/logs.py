@@ -15,6 +15,7 @@ from typing import Any
 from eft.service.errors import Conflict
 from eft.service.launcher import submission_id_for
 from eft.service.store import Store
+from eft.types.text import decimal_int
 
 #: Seconds between looks at a job that has no Ray Job yet (validating, queued, restarting).
 WAIT_POLL_S = 1.0
@@ -57,7 +58,8 @@ class LogStreams:
 def parse_event_id(value: str | None) -> tuple[int, int] | None:
     """(attempt, line) of a `Last-Event-ID` this stream sent (`<attempt>:<line>`), else None."""
     attempt, _, line = (value or "").partition(":")
-    return (int(attempt), int(line)) if attempt.isdigit() and line.isdigit() else None
+    parsed = decimal_int(attempt), decimal_int(line)
+    return parsed if None not in parsed else None
 
 
 class JobLogs:

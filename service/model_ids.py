@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eft.types.text import decimal_int
+
 PREFIX = "ft"
 CHECKPOINT = "ckpt-"
 
@@ -47,9 +49,9 @@ def parse_model_id(value: str) -> ModelRef | None:
     step = None
     last = parts[-1]
     if last.startswith(CHECKPOINT):
-        if not last[len(CHECKPOINT):].isdigit() or len(parts) < 5:
+        step = decimal_int(last[len(CHECKPOINT):])
+        if step is None or len(parts) < 5:
             return None
-        step = int(last[len(CHECKPOINT):])
         parts = parts[:-1]
     if not parts[-1]:
         return None

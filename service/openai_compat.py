@@ -23,6 +23,7 @@ from eft.types.openai import (
     FineTuningJobError,
     FineTuningJobEvent,
 )
+from eft.types.text import decimal_int
 
 BASE_LEARNING_RATE = 2e-4
 ORGANIZATION_PREFIX = "org-"
@@ -141,8 +142,8 @@ def event_order(event_id: str) -> int:
 
 def event_number(event_id: str | None) -> int | None:
     """The store's event number in an `ftevent-<n>` id; None when it is not one."""
-    if event_id and event_id.startswith("ftevent-") and event_id[8:].isdigit():
-        return int(event_id[8:])
+    if event_id and event_id.startswith("ftevent-"):
+        return decimal_int(event_id[8:])
     return None
 
 

@@ -24,13 +24,15 @@ from eft.service.progress import progress_fields
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store, utcnow
 from eft.types.jobs import JobStatus, QueuePosition
+from eft.types.text import decimal_int
 
 ACTIVE = (JobStatus.running, JobStatus.pausing, JobStatus.cancelling)
 
 
 def _priority(raw: Any) -> int:
     try:
-        return priority_value(raw if raw is None or not str(raw).isdigit() else int(raw))
+        number = decimal_int(raw) if isinstance(raw, str) else None
+        return priority_value(raw if number is None else number)
     except (KeyError, ValueError):
         return priority_value(None)
 

@@ -73,3 +73,25 @@ def test_an_oversized_json_body_is_413(client, train):
                     headers={"Content-Type": "application/json"})
     assert _envelope(r, 413)["code"] == "payload_too_large"
     assert client.get("/jobs").json()["data"] == []
+
+
+#: Digits `str.isdigit` passes that `int` does not read ('²'), or reads though no client sends
+#: them ('٣'), and more digits than Python reads at all.
+NOT_DECIMAL = ["²", "٣", "9" * 5000]
+
+
+@pytest.mark.parametrize("step", NOT_DECIMAL)
+def test_a_step_in_other_digits_is_a_4xx_naming_the_field(client, train, step):
+    r = client.post("/jobs", json={"model": "tiny-llama", "training_file": train,
+                                   "from_checkpoint": f"ftjob-0123456789abcdef0123:{step}"})
+    assert _envelope(r, 422)["errors"][0]["param"] == "from_checkpoint"
+    model_id = f"ft:tiny-llama:default:ftjob-0123456789abcdef0123:ckpt-{step}"
+    r = client.post("/jobs", json={"model": model_id, "training_file": train})
+    assert _envelope(r, 404, 422)
+    r = client.post("/v1/fine_tuning/jobs", json={"model": model_id, "training_file": train})
+    assert _envelope(r, 404, 422)
+    r = client.post("/v1/chat/completions", json={"model": model_id, "messages": [{"role": "user", "content": "hi"}]})
+    assert _envelope(r, 404, 422)
+    assert _envelope(client.get(f"/v1/models/{model_id}"), 404)
+    assert client.get("/jobs").json()["data"] == []
+
