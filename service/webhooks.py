@@ -90,8 +90,12 @@ def _addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]
 
 def url_problem(url: str, allow_loopback: bool, allow_private: bool) -> str | None:
     """Why a webhook may not go to `url`, or None. Resolves the host."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        hostname, _ = parts.hostname, parts.port  # both parse the authority, and raise on a bad one
+    except ValueError:
+        return "must be an absolute https:// URL with a valid host and port"
+    if parts.scheme not in ("https", "http") or not hostname:
         return "must be an absolute https:// URL"
     if parts.username or parts.password:
         return "must not carry credentials: authenticate the sender by the signature instead"

@@ -1,6 +1,7 @@
 // The eft web page: fills the server-rendered shells from the REST API and refreshes them.
 // Every request carries `Authorization: Bearer <key>` once a key has been entered (kept in
-// localStorage; a `#key=...` fragment, which never reaches a server, is stored the same way).
+// localStorage; a `#key=...` fragment, which never reaches a server, is stored the same way, after
+// a confirmation when it would replace another stored key).
 "use strict";
 
 const KEY_STORE = "eft_api_key";
@@ -14,7 +15,13 @@ function apiKey() {
 function setupKeyField() {
   const fragment = new URLSearchParams(location.hash.slice(1));
   if (fragment.has("key")) {
-    localStorage.setItem(KEY_STORE, fragment.get("key"));
+    // A link must not silently swap the key this browser keeps for someone else's: ask first.
+    const offered = fragment.get("key");
+    const stored = apiKey();
+    if (!stored || stored === offered ||
+        window.confirm("This link carries an API key. Replace the key this browser keeps with it?")) {
+      localStorage.setItem(KEY_STORE, offered);
+    }
     history.replaceState(null, "", location.pathname + location.search);
   }
   const field = document.getElementById("api-key");

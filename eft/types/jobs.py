@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from eft.types._base import ListResponse, _Request, _Response
+from eft.types.text import BoundedObject, Label, Metadata
 
 
 class JobStatus(str, Enum):
@@ -115,7 +116,7 @@ class Hyperparameters(_Request):
     max_steps: int | None = Field(None, ge=1, le=10_000_000, description="Optimizer steps to run.")
     learning_rate: float = Field(2e-4, gt=0, le=1.0, description="Peak learning rate.")
     lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup, in optimizer steps.")
+    warmup_steps: int = Field(0, ge=0, le=10_000_000, description="Linear warmup, in optimizer steps.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; null disables.")
     global_batch_size: int = Field(
@@ -124,7 +125,7 @@ class Hyperparameters(_Request):
     micro_batch_size: int = Field(4, ge=1, le=4096, description="Examples per forward pass.")
     max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longer examples are truncated.")
     seed: int = Field(42, ge=0, le=2**31 - 1)
-    log_every_steps: int = Field(1, ge=1, description=(
+    log_every_steps: int = Field(1, ge=1, le=10_000_000, description=(
         "A metrics row every this many steps (each over the steps since the one before). Rows are "
         "read off the accelerator together, about once a second of training, so a row per step "
         "costs the step nothing."))
@@ -186,7 +187,7 @@ class Scaling(_Request):
 
 
 class CheckpointPolicy(_Request):
-    every_steps: int = Field(50, ge=1, description="Save a checkpoint every this many steps.")
+    every_steps: int = Field(50, ge=1, le=10_000_000, description="Save a checkpoint every this many steps.")
     keep: int = Field(2, ge=1, le=100, description="How many recent checkpoints to retain.")
     every_seconds: float | None = Field(
         None, ge=10, le=86_400,
@@ -199,7 +200,7 @@ class Evaluation(_Request):
     `every_steps` and at the end, replies to a few of its prompts, and early stopping."""
 
     every_steps: int | None = Field(
-        None, ge=1, description="Compute the validation loss every this many steps (default: at each "
+        None, ge=1, le=10_000_000, description="Compute the validation loss every this many steps (default: at each "
         "interval checkpoint, `checkpoint.every_steps`), and always at the end.")
     early_stopping_patience: int | None = Field(
         None, ge=1, le=1000, description="Stop once this many evaluations in a row did not lower the best "
@@ -327,9 +328,9 @@ class JobCreate(_Request):
     optimizations: Optimizations = Field(default_factory=Optimizations)
     trackers: Trackers = Field(default_factory=Trackers)
     data: DataOptions = Field(default_factory=DataOptions)
-    name: str | None = Field(None, max_length=200)
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
-    integrations: list[dict[str, Any]] = Field(
+    name: Label | None = Field(None, max_length=200)
+    metadata: Metadata = Field(default_factory=dict, max_length=32)
+    integrations: list[BoundedObject] = Field(
         default_factory=list, max_length=5,
         description="OpenAI-style integrations (e.g. {\"type\": \"wandb\", \"wandb\": {\"project\": ...}}), "
         "recorded with the job as sent (/v1 creates fill it).")

@@ -7,11 +7,12 @@ Extensions beyond OpenAI's fields are accepted where they are needed to run on t
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from eft.types._base import ListResponse, _Request, _Response
+from eft.types.text import Label, Metadata
 
 Auto = Literal["auto"]
 
@@ -67,10 +68,10 @@ class OpenAIMethod(_Request):
 
 
 class WandbIntegration(_Request):
-    project: str = Field(..., min_length=1, max_length=128)
-    name: str | None = Field(None, max_length=128)
-    entity: str | None = Field(None, max_length=128)
-    tags: list[str] | None = Field(None, max_length=20)
+    project: Label = Field(..., min_length=1, max_length=128)
+    name: Label | None = Field(None, max_length=128)
+    entity: Label | None = Field(None, max_length=128)
+    tags: list[Annotated[Label, Field(max_length=64)]] | None = Field(None, max_length=20)
 
 
 class Integration(_Request):
@@ -86,9 +87,9 @@ class FineTuningJobCreate(_Request):
     validation_file: str | None = Field(None, min_length=1, max_length=2048)
     hyperparameters: OpenAIHyperparameters | None = None
     method: OpenAIMethod | None = None
-    suffix: str | None = Field(None, min_length=1, max_length=64)
+    suffix: Label | None = Field(None, min_length=1, max_length=64)
     seed: int | None = Field(None, ge=0, le=2**31 - 1)
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    metadata: Metadata | None = Field(None, max_length=16)
     integrations: list[Integration] | None = Field(
         None, max_length=5, description="Recorded with the job and returned as sent (OpenAI's wandb shape); the "
         "job's metrics go to the trackers this service runs (TensorBoard, MLflow: `trackers` on /jobs).")
@@ -213,14 +214,15 @@ class StreamOptions(_Request):
 
 class _Sampling(_Request):
     model: str = Field(description="A base model's name or a fine-tuned model's `ft:` id (see GET /v1/models).")
-    max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (default: the rest of "
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000, description="Most tokens to generate (default: the rest of "
                                    "the context, at most the server's default).")
     temperature: float = Field(1.0, ge=0, le=2, description="0 is greedy; higher samples more freely.")
     top_p: float = Field(1.0, gt=0, le=1, description="Sample from the smallest set of tokens whose "
                          "probability reaches top_p.")
     stop: str | list[str] | None = Field(None, description="Up to 4 strings that end the completion "
                                          "(not included in it).")
-    seed: int | None = Field(None, description="Sample reproducibly: the same seed and request give the same text.")
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="Sample reproducibly: the same seed "
+                             "and request give the same text.")
     stream: bool = Field(False, description="Send the completion as server-sent events, piece by piece.")
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="Completions per request: 1.")
@@ -241,7 +243,7 @@ class _Sampling(_Request):
 
 class ChatCompletionCreate(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="The newer name of max_tokens.")
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000, description="The newer name of max_tokens.")
 
 
 class CompletionCreate(_Sampling):

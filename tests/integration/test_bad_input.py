@@ -95,3 +95,57 @@ def test_a_step_in_other_digits_is_a_4xx_naming_the_field(client, train, step):
     assert _envelope(client.get(f"/v1/models/{model_id}"), 404)
     assert client.get("/jobs").json()["data"] == []
 
+
+
+def _job(train: str, **fields) -> dict:
+    return {"model": "tiny-llama", "training_file": train, **fields}
+
+
+#: Bodies the service answered 500 to, or stored unbounded: each now a 422 naming the field.
+BOUNDED = [
+    ("name", _job("t.jsonl", name="a\x00b")),
+    ("metadata", _job("t.jsonl", metadata={"k": "x" * 100_000})),
+    ("metadata", _job("t.jsonl", metadata={"k" * 65: "v"})),
+    ("metadata", _job("t.jsonl", metadata={"k": "a\x00b"})),
+    ("integrations", _job("t.jsonl", integrations=[{"type": "wandb", "wandb": json.loads("[" * 900 + "]" * 900)}])),
+    ("integrations", _job("t.jsonl", integrations=[{"type": "wandb", "wandb": {"project": "p" * 20_000}}])),
+    ("hyperparameters.warmup_steps", _job("t.jsonl", hyperparameters={"warmup_steps": 10**30})),
+    ("hyperparameters.log_every_steps", _job("t.jsonl", hyperparameters={"log_every_steps": 10**30})),
+    ("checkpoint.every_steps", _job("t.jsonl", checkpoint={"every_steps": 10**30})),
+    ("eval.every_steps", _job("t.jsonl", eval={"every_steps": 10**30})),
+]
+
+
+@pytest.mark.parametrize("field,body", BOUNDED, ids=[f"{f}-{i}" for i, (f, _) in enumerate(BOUNDED)])
+def test_unbounded_or_unstorable_fields_are_a_4xx_naming_them(client, train, field, body):
+    error = _envelope(client.post("/jobs", json=body), 422)
+    assert error["errors"][0]["param"].startswith(field), error
+    assert client.get("/jobs").json()["data"] == []
+
+
+OPENAI_BOUNDED = [
+    ("suffix", {"suffix": "a\x00b"}),
+    ("metadata", {"metadata": {"k": "x" * 513}}),
+    ("integrations", {"integrations": [{"type": "wandb", "wandb": {"project": "p", "tags": ["t" * 65]}}]}),
+]
+
+
+@pytest.mark.parametrize("field,extra", OPENAI_BOUNDED, ids=[f for f, _ in OPENAI_BOUNDED])
+def test_openai_creates_bound_their_labels(client, train, field, extra):
+    error = _envelope(client.post("/v1/fine_tuning/jobs", json={"model": "tiny-llama", "training_file": train,
+                                                                **extra}), 422)
+    assert error["errors"][0]["param"].startswith(field), error
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("field,value", [("seed", 2**64), ("max_tokens", 10**30)])
+def test_sampling_numbers_beyond_their_range_are_a_4xx(client, path, field, value):
+    body = {"model": "tiny-llama", field: value,
+            **({"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]})}
+    assert _envelope(client.post(path, json=body), 422)["errors"][0]["param"] == field
+
+
+@pytest.mark.parametrize("url", ["https://[::1/", "https://[::1]:99999/", "http://exa mple.com/"])
+def test_a_malformed_webhook_url_is_a_4xx_naming_it(client, url):
+    error = _envelope(client.post("/webhooks", json={"url": url}), 422)
+    assert error["param"] == "url" or error["errors"][0]["param"] == "url", error

@@ -63,6 +63,24 @@ def test_ui_pages_and_static_files(client, eft_home):
     assert client.get("/", follow_redirects=False).headers["location"] == "/ui"
 
 
+def test_ui_pages_run_only_their_own_scripts_and_are_never_framed(client, eft_home):
+    job = _create(client, eft_home)
+    for path in ("/ui", "/ui/new", f"/ui/jobs/{job['id']}"):
+        headers = client.get(path).headers
+        policy = dict(part.strip().split(" ", 1) for part in headers["content-security-policy"].split(";"))
+        assert policy["script-src"] == "'self'" and policy["frame-ancestors"] == "'none'", policy
+        assert "unsafe-inline" not in headers["content-security-policy"]
+        assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+    # The page runs no inline script or handler attribute that the policy would block.
+    page = client.get(f"/ui/jobs/{job['id']}").text
+    assert "<script>" not in page and " onclick=" not in page and " style=" not in page
+    for path in ("/ui/static/ui.js", "/ui/static/ui.css"):
+        assert client.get(path).headers["x-content-type-options"] == "nosniff", path
+    # A link's key replaces a stored one only after the user confirms (ui.js).
+    script = client.get("/ui/static/ui.js").text
+    assert "window.confirm(" in script and "stored === offered" in script
+
+
 def test_logs_and_manifest_before_the_job_ran_are_409_with_the_envelope(client, eft_home):
     job = _create(client, eft_home)
     for path in (f"/jobs/{job['id']}/logs", f"/jobs/{job['id']}/manifest"):
