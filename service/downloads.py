@@ -70,6 +70,10 @@ def _sha256(uri: str, path: str, _size: int, _mtime_ns: int | None) -> str:
     return digest.hexdigest()
 
 
+#: The longest path under an artifact a download may name.
+MOST_PATH_CHARS = 1024
+
+
 def open_file(location: str, relative: str) -> tuple[dict[str, Any], Iterator[bytes]]:
     """One file's entry (as `list_files` gives it) and its bytes in chunks. Raises
     ArtifactNotFound for anything but a file under the location (no `..`, no absolute path)."""
@@ -78,7 +82,12 @@ def open_file(location: str, relative: str) -> tuple[dict[str, Any], Iterator[by
     parts = PurePosixPath(relative).parts
     place = storage.resolve(location)
     info = None
-    if parts and not PurePosixPath(relative).is_absolute() and not any(p in (".", "..") for p in parts):
+    # A name no file system holds (a NUL, a name over 255 bytes, a path over 1024) is no file
+    # here, asked of no file system (the local one raises on it).
+    plausible = ("\x00" not in relative and len(relative) <= MOST_PATH_CHARS
+                 and all(len(p.encode()) <= 255 for p in parts))
+    if (plausible and parts and not PurePosixPath(relative).is_absolute()
+            and not any(p in (".", "..") for p in parts)):
         info = place.filesystem.get_file_info(place.child(relative).path)
     if info is None or info.type != pafs.FileType.File:
         raise ArtifactNotFound(f"no file {relative!r} here: list the files with GET /jobs/{{id}}/artifacts",

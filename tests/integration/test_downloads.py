@@ -131,3 +131,17 @@ def test_a_download_that_does_not_match_its_listing_leaves_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["weights.bin"]
     with pytest.raises(DownloadError, match="outside"):
         _Sink(tmp_path, entry.model_copy(update={"path": "../escape.bin"}))
+
+
+def test_a_path_no_file_system_holds_is_a_404_naming_it(env):
+    """A NUL, a name over 255 bytes or a path over 1024 characters is no file of the artifact (it
+    answered 500: the local file system raised on it)."""
+    clients, _, store, tmp_path = env
+    client = clients["acme"]
+    job = client.post("/jobs", json={"model": "tiny-llama", "training_file": "chat.jsonl"}).json()
+    _succeed(store, job["id"], _adapter(tmp_path / "artifact"))
+    for path in ("a%00b", "adapter_config.json%00", "a" * 5000, "x/" * 3000 + "y"):
+        r = client.get(f"/jobs/{job['id']}/artifacts/{path}")
+        assert r.status_code == 404, (path[:20], r.status_code, r.text[:200])
+        assert r.json()["error"]["code"] == "artifact_not_found" and r.json()["error"]["param"] == "path"
+    assert client.get(f"/jobs/{job['id']}/artifacts/adapter_config.json").status_code == 200
