@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +77,13 @@ def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, 
 def check_dataset_with(path: Path, name: str, model_path: str | None, **options: Any) -> DatasetReport | Problem:
     """`check_dataset` with the model's tokenizer, if any, loaded (once) in this process; the
     problem instead where that tokenizer cannot load."""
-    if model_path is None:
-        return check_dataset(path, name, **options)
-    unavailable = tokenizer_problem(model_path)
-    if unavailable is not None:
-        return unavailable
-    with request_tokenizer(model_path) as tokenizer:
-        return check_dataset(path, name, tokenizer=tokenizer, **options)
+    try:
+        if model_path is None:
+            return check_dataset(path, name, **options)
+        unavailable = tokenizer_problem(model_path)
+        if unavailable is not None:
+            return unavailable
+        with request_tokenizer(model_path) as tokenizer:
+            return check_dataset(path, name, tokenizer=tokenizer, **options)
+    except csv.Error as exc:  # a file the CSV reader gives up on: the uploader's to fix
+        return Problem("file_id", "file_unreadable", f"cannot read {name!r} as UTF-8 CSV: {exc}")

@@ -186,6 +186,9 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 #: Markers of a `datasets` directory (`Dataset.save_to_disk` / `DatasetDict.save_to_disk`).
 ARROW_MARKERS = ("state.json", "dataset_dict.json", "dataset_info.json")
 _JSON_CELLS = ("messages", "tools", "conversations")
+#: The largest CSV cell read (Python's default, 128 KiB, is less than one long document); a larger
+#: cell is a csv.Error naming the limit.
+MOST_CSV_CELL_CHARS = 16 * 1024**2
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system",
                   "tool": "tool", "observation": "tool", "function_response": "tool",
@@ -270,6 +273,7 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any, str | None]]:
 
 
 def _iter_csv(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    csv.field_size_limit(MOST_CSV_CELL_CHARS)
     with open(path, newline="", encoding="utf-8-sig") as handle:
         for row, record in enumerate(csv.DictReader(handle), start=1):
             error = None

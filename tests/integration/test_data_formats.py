@@ -117,3 +117,29 @@ def test_normalize_keeps_weights_tools_and_system():
     assert alpaca == {"messages": [{"role": "system", "content": "Math."},
                                    {"role": "user", "content": "Add\n\n1 and 2"},
                                    {"role": "assistant", "content": "3"}]}
+
+
+def test_a_long_csv_cell_reads_and_one_beyond_the_readers_limit_is_a_4xx(service, eft_home):
+    """A document of 200 KB in one CSV cell is data like any other (Python's CSV reader stops at
+    128 KiB by default, which made validating the upload a 500); a cell beyond the reader's limit
+    is a 422 naming the file, both through a job and through the upload's validation."""
+    from eft.training.formats import MOST_CSV_CELL_CHARS
+
+    c, _, _ = service
+    long_text = "word " * 40_000
+    with open(eft_home / "data" / "long.csv", "w", newline="") as out:
+        csv.writer(out).writerows([["text"], [long_text], ["short one"]])
+    stats = _validate(service, {"training_file": "long.csv", "hyperparameters": {"max_seq_len": 64}})
+    assert stats["train_examples"] == 2, stats
+    uploaded = c.post("/files", files={"file": ("long.csv", (eft_home / "data" / "long.csv").read_bytes())},
+                      data={"purpose": "fine-tune"}).json()
+    report = c.post(f"/files/{uploaded['id']}/validate")
+    assert report.status_code == 200 and report.json()["records"] == 2, report.text
+
+    huge = b"text\n" + b"a" * (MOST_CSV_CELL_CHARS + 1) + b"\n"
+    uploaded = c.post("/files", files={"file": ("huge.csv", huge)}, data={"purpose": "fine-tune"}).json()
+    r = c.post(f"/files/{uploaded['id']}/validate")
+    assert r.status_code == 422 and r.json()["error"]["param"] == "file_id", r.text
+    assert "field larger than field limit" in r.json()["error"]["message"]
+    r = c.post("/jobs", json={"model": "tiny-qwen2.5", "training_file": uploaded["id"]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "training_file", r.text
