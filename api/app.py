@@ -34,7 +34,7 @@ from eft.service.errors import Problem, RequestInvalid, ServiceError
 from eft.service.file_checks import owned_inputs
 from eft.service.jobs import JobService
 from eft.service.logs import LogStreams
-from eft.service.ratelimit import TenantRateLimiter
+from eft.service.ratelimit import TenantRateLimiter, TenantSlots
 from eft.service.validation import check_raw_inputs
 
 log = logging.getLogger("eft.api")
@@ -143,6 +143,7 @@ def create_app(job_service: JobService, models: Any = None) -> FastAPI:
     app.state.files = job_service.files
     app.state.rate_limiter = TenantRateLimiter(settings.requests_per_s_per_tenant, settings.request_burst_per_tenant)
     app.state.log_streams = LogStreams(settings.log_streams_per_tenant, settings.log_stream_max_s)
+    app.state.generations = TenantSlots(settings.generations_per_tenant)
 
     app.add_middleware(RequestContext, settings=settings)
     _install_error_handlers(app)

@@ -235,6 +235,10 @@ class Settings(BaseSettings):
                                           "before the rate limit applies.")
     log_streams_per_tenant: int = Field(8, ge=1, description="Log streams (follow=true) a tenant may "
                                         "hold open at once on one replica.")
+    generations_per_tenant: int = Field(
+        4, ge=1, description="Completions (/v1/chat/completions, /v1/completions) a tenant may have in flight at "
+        "once on one replica; one more is a 429 with Retry-After, so that one tenant cannot queue the model "
+        "servers full ahead of the others.")
     log_stream_max_s: float = Field(3600.0, gt=0, description="How long one log stream stays open "
                                     "before it ends (the client reconnects with Last-Event-ID).")
     max_files_per_tenant: int = Field(1000, ge=1, description="Uploads a tenant may keep.")

@@ -11,6 +11,7 @@ HTTP error in the envelope even for a streamed request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -23,6 +24,7 @@ from fastapi.responses import StreamingResponse
 
 from eft.api.deps import CurrentTenant, JobServiceDep
 from eft.service.errors import ServiceError
+from eft.service.ratelimit import TenantSlots
 from eft.service.inference import Request as Generation
 from eft.types.openai import (
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, ChunkChoice,
@@ -31,6 +33,17 @@ from eft.types.openai import (
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 log = logging.getLogger("eft.api.completions")
+
+
+#: How often a non-streamed completion checks that its client is still there.
+DISCONNECT_POLL_S = 0.5
+
+
+class ClientGone(ServiceError):
+    """The client closed the connection before its completion was ready (nobody reads this)."""
+
+    status_code = 499
+    code = "client_closed_request"
 
 
 class InferenceUnavailable(ServiceError):
@@ -55,21 +68,43 @@ def _models(request: Request) -> Any:
     return models
 
 
+class _Slot:
+    """One of the tenant's generation slots (app.state.generations), given back once whichever
+    way the generation ends: answered, refused, failed, or its client gone."""
+
+    def __init__(self, request: Request, tenant: str | None):
+        self.slots: TenantSlots = request.app.state.generations
+        self.tenant = tenant or ""
+        self.slots.take(self.tenant, "completions")
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.slots.give_back(self.tenant)
+
+
 async def _open(request: Request, service: Any, tenant: str | None, model: str,
-                generation: Generation) -> AsyncIterator[dict[str, Any]]:
-    """The model server's items for this request, its first one already read: a refusal raises
-    here, before any response starts."""
+                generation: Generation) -> tuple[AsyncIterator[dict[str, Any]], _Slot]:
+    """The model server's items for this request, its first one already read, and the tenant's
+    slot it holds until they end: a refusal (or a tenant over its share of generations, a 429)
+    raises here, before any response starts."""
     base, adapter, system_message = await run_in_threadpool(service.serving_target, model, tenant)
     generation.system_message = system_message
-    items = _models(request).stream(base, adapter, generation).__aiter__()
+    slot = _Slot(request, tenant)
     try:
-        first = await items.__anext__()
-    except StopAsyncIteration:
-        first = {"error": {"status": 500, "code": "generation_failed", "param": None,
-                           "message": "the model server ended the request without an answer; retry"}}
-    if "error" in first:
-        await items.aclose()
-        raise GenerationRefused(first["error"])
+        items = _models(request).stream(base, adapter, generation).__aiter__()
+        try:
+            first = await items.__anext__()
+        except StopAsyncIteration:
+            first = {"error": {"status": 500, "code": "generation_failed", "param": None,
+                               "message": "the model server ended the request without an answer; retry"}}
+        if "error" in first:
+            await items.aclose()
+            raise GenerationRefused(first["error"])
+    except BaseException:
+        slot.release()
+        raise
 
     async def chained() -> AsyncIterator[dict[str, Any]]:
         try:
@@ -79,9 +114,29 @@ async def _open(request: Request, service: Any, tenant: str | None, model: str,
                     raise GenerationRefused(item["error"])
                 yield item
         finally:
+            slot.release()
             await items.aclose()
 
-    return chained()
+    return chained(), slot
+
+
+async def _collect_while_connected(request: Request, items: AsyncIterator[dict[str, Any]],
+                                   slot: _Slot) -> tuple[str, str, Usage]:
+    """`_collect`, cancelled (its model server request closed) as soon as the client goes: a
+    request nobody waits for does not keep generating."""
+    collecting = asyncio.ensure_future(_collect(items))
+    try:
+        while not collecting.done():
+            await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
+            if not collecting.done() and await request.is_disconnected():
+                collecting.cancel()
+                raise ClientGone("the client closed the connection before its completion was ready")
+        return collecting.result()
+    finally:
+        if not collecting.done():
+            collecting.cancel()
+        await items.aclose()
+        slot.release()
 
 
 def _sse(payload: Any) -> str:
@@ -133,10 +188,10 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, service
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
     generation = Generation(messages=messages, max_tokens=body.max_completion_tokens or body.max_tokens,
                             temperature=body.temperature, top_p=body.top_p, stop=body.stops(), seed=body.seed)
-    items = await _open(request, service, tenant, body.model, generation)
+    items, slot = await _open(request, service, tenant, body.model, generation)
     ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if not body.stream:
-        text, reason, usage = await _collect(items)
+        text, reason, usage = await _collect_while_connected(request, items, slot)
         return ChatCompletion(id=ident, created=created, model=body.model, usage=usage, choices=[
             ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)])
 
@@ -149,8 +204,8 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, service
         return _sse(_as_openai_sends(payload, include_usage))
 
     async def events() -> AsyncIterator[str]:
-        yield chunk(ChunkDelta(role="assistant", content=""))
         try:
+            yield chunk(ChunkDelta(role="assistant", content=""))
             async for item in items:
                 if "text" in item:
                     yield chunk(ChunkDelta(content=item["text"]))
@@ -160,6 +215,8 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, service
                         yield chunk(ChunkDelta(), usage=Usage(**item["usage"]), choices=False)
         except Exception as exc:  # noqa: BLE001 - a replica lost mid-stream, a refusal: an error event
             yield await _stream_failure(exc)
+        finally:
+            slot.release()  # also when the client left before the items were read
         yield _sse("[DONE]")
 
     return _stream(events())
@@ -173,10 +230,10 @@ async def completions(body: CompletionCreate, request: Request, service: JobServ
     """A continuation of `prompt` (no chat template) from a base or fine-tuned model."""
     generation = Generation(prompt=body.text(), max_tokens=body.max_tokens, temperature=body.temperature,
                             top_p=body.top_p, stop=body.stops(), seed=body.seed)
-    items = await _open(request, service, tenant, body.model, generation)
+    items, slot = await _open(request, service, tenant, body.model, generation)
     ident, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     if not body.stream:
-        text, reason, usage = await _collect(items)
+        text, reason, usage = await _collect_while_connected(request, items, slot)
         return Completion(id=ident, created=created, model=body.model, usage=usage,
                           choices=[CompletionChoice(text=text, finish_reason=reason)])
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -198,6 +255,8 @@ async def completions(body: CompletionCreate, request: Request, service: JobServ
                         yield chunk("", usage=Usage(**item["usage"]), choices=False)
         except Exception as exc:  # noqa: BLE001 - a replica lost mid-stream, a refusal: an error event
             yield await _stream_failure(exc)
+        finally:
+            slot.release()  # also when the client left before the items were read
         yield _sse("[DONE]")
 
     return _stream(events())

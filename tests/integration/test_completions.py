@@ -230,3 +230,32 @@ def test_a_reply_ends_at_the_families_own_end_of_turn_token(family, turn_end):
     stops = stop_token_ids(tokenizer, GenerationConfig.from_pretrained(MODELS / family)
                            if (MODELS / family / "generation_config.json").is_file() else None)
     assert tokenizer.convert_tokens_to_ids(turn_end) in stops and tokenizer.eos_token_id in stops
+
+
+def test_a_tenant_holding_its_share_of_generations_gets_a_429_and_others_are_served(env):
+    """A tenant's completions in flight on a replica are bounded (EFT_GENERATIONS_PER_TENANT):
+    one more is a 429 with Retry-After before any generation starts, another tenant is served,
+    and every way a completion ends gives its slot back."""
+    from openai import RateLimitError
+
+    clients, store, models, tmp = env
+    slots = clients["acme"].app.state.generations
+    acme, globex = _openai(clients["acme"]), _openai(clients["globex"])
+    ask = {"model": "tiny-llama", "messages": QUESTION, "max_tokens": 4, "temperature": 0}
+    # Answered, streamed, and refused (a prompt over the context): each leaves no slot held.
+    acme.chat.completions.create(**ask)
+    assert list(acme.completions.create(model="tiny-llama", prompt="The cat", max_tokens=4, stream=True))
+    r = clients["acme"].post("/v1/completions", json={"model": "tiny-llama", "prompt": "word " * 5000, "max_tokens": 4})
+    assert r.status_code == 400, r.text
+    assert slots.open == {}
+    # acme holds all its slots (generations in flight elsewhere on this replica).
+    for _ in range(slots.per_tenant):
+        slots.take("acme", "completions")
+    with pytest.raises(RateLimitError) as refused:
+        acme.chat.completions.create(**ask)
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    assert "in flight" in refused.value.response.json()["error"]["message"]
+    assert globex.chat.completions.create(**ask).choices[0].message.content is not None
+    slots.give_back("acme")
+    assert acme.chat.completions.create(**ask).choices[0].message.content is not None
+    assert slots.open == {"acme": slots.per_tenant - 1}
