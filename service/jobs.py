@@ -256,6 +256,12 @@ class JobService:
         for _ in range(CANCEL_TRIES):
             job = self.store.get_job(job_id, tenant)
             if job.status in (JobStatus.pausing, JobStatus.paused):
+                if (job.schedule or {}).get("paused"):
+                    # Paused by the scheduler to make room: the owner's pause now holds it, and
+                    # the scheduler no longer queues it again when room frees.
+                    self.store.set_schedule(job_id, {**job.schedule, "paused": False, "held_by_owner": True},
+                                            statuses=(JobStatus.pausing, JobStatus.paused))
+                    job = self.store.get_job(job_id, tenant)
                 return to_wire(job)
             if job.status not in (JobStatus.running, JobStatus.queued):
                 raise Conflict(f"job {job_id} is {job.status.value}: only a running or queued job can be paused"
@@ -281,12 +287,13 @@ class JobService:
         if job.status is not JobStatus.paused:
             raise Conflict(f"job {job_id} is {job.status.value}, not paused: only a paused job can be resumed",
                            code="job_not_paused", param="job_id")
-        try:
-            job = self.store.transition(job_id, JobStatus.queued, f"resume requested at step {job.step}",
-                                        expected_status=JobStatus.paused, event_type="resume_requested",
-                                        data={"step": job.step})
-        except Conflict:
-            job = self.store.get_job(job_id, tenant)
+        # A paused job holds no quota (the tenant may run others meanwhile): resuming it takes
+        # quota again, checked as a create is, in the same serialized transaction.
+        request = JobCreate.model_validate(job.request)
+        resumed = self.store.requeue(
+            job, f"resume requested at step {job.step}", event_type="resume_requested", data={"step": job.step},
+            admit=lambda conn: check_quota(self.store, tenant, request, self.settings, conn))
+        job = resumed if resumed is not None else self.store.get_job(job_id, tenant)
         if self.on_created is not None:
             self.on_created()  # wake the scheduler, as for a new job
         return to_wire(job)

@@ -371,6 +371,18 @@ class Store:
             result = conn.execute(jobs.update().where(*where).values(updated_at=utcnow(), **values))
         return result.rowcount == 1
 
+    def requeue(self, job: JobRecord, message: str, *, admit: Callable[[sa.Connection], None] | None = None,
+                event_type: str | None = None, data: dict[str, Any] | None = None) -> JobRecord | None:
+        """paused -> queued. `admit(conn)`, when given, runs first in the same transaction,
+        serialized with the tenant's creates (`create_job`'s quotas), and may raise to refuse.
+        Returns the job, or None when a concurrent writer moved it first."""
+        with self.serialized(tenant_key(job.tenant)) as conn:
+            if admit is not None:
+                admit(conn)
+            if not self._move(conn, job, JobStatus.queued, message, event_type=event_type, data=data):
+                return None
+        return self.get_job(job.id)
+
     def set_schedule(self, job_id: str, schedule: dict[str, Any] | None,
                      statuses: Iterable[JobStatus] | None = None) -> bool:
         """Record the cluster scheduler's decision on a job (no `updated_at` change: it is not the

@@ -77,3 +77,39 @@ def test_a_paused_job_can_be_cancelled_and_a_pause_can_still_end_otherwise(servi
     client.post(f"/jobs/{other}/pause")
     assert StoreReporter(settings.resolved_database_url, other, 1).succeeded("/tmp/artifact", {"loss": 1.0}, 6)
     assert client.get(f"/jobs/{other}").json()["status"] == "succeeded"
+
+
+def test_a_paused_job_holds_no_quota_and_its_resume_is_checked_against_it(service, job):
+    """A paused job does not count against its tenant's active jobs (another may run meanwhile),
+    so resuming it takes quota again: over the limit it is a 429 naming the limit and the job
+    stays paused; once room frees it resumes."""
+    from eft.service.quotas import set_tenant_limits
+
+    client, store, _ = service
+    tenant = store.get_job(job).tenant
+    assert client.post(f"/jobs/{job}/pause").json()["status"] == "paused"
+    set_tenant_limits(store, tenant, max_active_jobs=1)
+    other = client.post("/jobs", json={"model": "tiny-llama", "training_file": "train.jsonl"})
+    assert other.status_code == 201, other.text
+    refused = client.post(f"/jobs/{job}/resume")
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "quota_exceeded" and int(refused.headers["retry-after"]) >= 1
+    assert client.get(f"/jobs/{job}").json()["status"] == "paused"
+    assert client.post(f"/jobs/{other.json()['id']}/cancel").status_code == 200
+    assert client.post(f"/jobs/{job}/resume").json()["status"] == "queued"
+
+
+def test_an_owners_pause_holds_a_job_the_scheduler_had_paused(service, job):
+    """The scheduler pauses a job to make room and queues it again once room frees; if its owner
+    pauses it meanwhile, it stays paused until the owner resumes it."""
+    from eft.service.queueing import scheduler_paused
+
+    client, store, _ = service
+    store.transition(job, JobStatus.running, "dispatched", attempt=1)
+    store.set_schedule(job, {"workers": 0, "paused": True, "reason": "room for a high-priority job"})
+    store.transition(job, JobStatus.pausing, "paused by the scheduler")
+    store.transition(job, JobStatus.paused, "paused", expected_attempt=1)
+    assert scheduler_paused(store.get_job(job))
+    assert client.post(f"/jobs/{job}/pause").json()["status"] == "paused"
+    assert not scheduler_paused(store.get_job(job))  # the scheduler leaves it where its owner put it
+    assert client.post(f"/jobs/{job}/resume").json()["status"] == "queued"
