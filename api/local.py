@@ -64,10 +64,11 @@ def _recorded_cluster_answers() -> bool:
     except ConnectionError:
         return False
     host, _, port = (address or "").rpartition(":")
-    if not host or decimal_int(port) is None:
+    port_number = decimal_int(port)
+    if not host or port_number is None:
         return True  # nothing concrete recorded: let ray.init look
     try:
-        with socket.create_connection((host, int(port)), timeout=2):
+        with socket.create_connection((host, port_number), timeout=2):
             return True
     except OSError:
         return False

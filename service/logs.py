@@ -28,18 +28,15 @@ class LogStreams:
     then hold neither the replica's connections nor its event loop for ever."""
 
     def __init__(self, per_tenant: int, max_seconds: float):
-        self.per_tenant, self.max_seconds = per_tenant, max_seconds
-        self.open: dict[str, int] = {}
+        from eft.service.ratelimit import TenantSlots
+
+        self.slots, self.max_seconds = TenantSlots(per_tenant, retry_after_s=5), max_seconds
 
     def bounded(self, tenant: str, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         """`events`, counted against `tenant` and cut at the time limit. Raises RateLimited
         (before any byte is sent) when the tenant already holds its streams."""
-        from eft.service.ratelimit import RateLimited
-
-        if self.open.get(tenant, 0) >= self.per_tenant:
-            raise RateLimited(f"tenant {tenant!r} already follows {self.per_tenant} log streams on this "
-                              "server: close one, or read the logs without follow=true", 5)
-        self.open[tenant] = self.open.get(tenant, 0) + 1
+        self.slots.take(tenant, f"tenant {tenant!r} already follows {self.slots.per_tenant} log streams on this "
+                        "server: close one, or read the logs without follow=true")
         return self._counted(tenant, events)
 
     async def _counted(self, tenant: str, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
@@ -52,7 +49,7 @@ class LogStreams:
                     yield {"event": "end", "data": json.dumps({"reason": "stream_time_limit"})}
                     return
         finally:
-            self.open[tenant] -= 1
+            self.slots.give_back(tenant)
 
 
 def parse_event_id(value: str | None) -> tuple[int, int] | None:

@@ -31,7 +31,7 @@ ACTIVE = (JobStatus.running, JobStatus.pausing, JobStatus.cancelling)
 
 def _priority(raw: Any) -> int:
     try:
-        number = decimal_int(raw) if isinstance(raw, str) else None
+        number = decimal_int(raw)
         return priority_value(raw if number is None else number)
     except (KeyError, ValueError):
         return priority_value(None)

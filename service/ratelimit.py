@@ -48,18 +48,18 @@ class TenantRateLimiter:
 
 
 class TenantSlots:
-    """At most `per_tenant` pieces of work in flight per tenant in this replica (a 429 beyond,
-    before the work starts): `async with slots.held(tenant, what): ...`."""
+    """At most `per_tenant` pieces of work in flight per tenant in this replica, one more a 429
+    before the work starts: `take` one, `give_back` it however the work ends."""
 
     def __init__(self, per_tenant: int, retry_after_s: float = 2.0):
         self.per_tenant, self.retry_after_s = per_tenant, retry_after_s
         self.open: dict[str, int] = {}
 
-    def take(self, tenant: str, what: str) -> None:
-        """Counts one more against `tenant`, or raises RateLimited when it holds its share."""
+    def take(self, tenant: str, refusal: str) -> None:
+        """Counts one more against `tenant`, or raises RateLimited saying `refusal` when it holds
+        its share."""
         if self.open.get(tenant, 0) >= self.per_tenant:
-            raise RateLimited(f"tenant {tenant!r} already has {self.per_tenant} {what} in flight on this server: "
-                              "wait for one to finish, then retry", self.retry_after_s)
+            raise RateLimited(refusal, self.retry_after_s)
         self.open[tenant] = self.open.get(tenant, 0) + 1
 
     def give_back(self, tenant: str) -> None:

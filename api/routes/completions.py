@@ -75,7 +75,8 @@ class _Slot:
     def __init__(self, request: Request, tenant: str | None):
         self.slots: TenantSlots = request.app.state.generations
         self.tenant = tenant or ""
-        self.slots.take(self.tenant, "completions")
+        self.slots.take(self.tenant, f"tenant {self.tenant!r} already has {self.slots.per_tenant} completions in "
+                        "flight on this server: wait for one to finish, then retry")
         self.held = True
 
     def release(self) -> None:

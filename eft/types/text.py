@@ -50,12 +50,11 @@ def bounded_json(value: Any) -> Any:
             raise ValueError(f"is nested more than {MOST_JSON_DEPTH} levels deep: flatten it")
         if isinstance(item, dict):
             stack.extend((v, depth + 1) for v in item.values())
-            if any("\x00" in str(k) for k in item):
-                raise ValueError("must not contain a NUL character (\\u0000): remove it")
+            stack.extend((str(k), depth) for k in item)
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item)
-        elif isinstance(item, str) and "\x00" in item:
-            raise ValueError("must not contain a NUL character (\\u0000): remove it")
+        elif isinstance(item, str):
+            no_nul(item)
     if len(json.dumps(value)) > MOST_JSON_BYTES:
         raise ValueError(f"is over {MOST_JSON_BYTES} bytes as JSON: send less")
     return value
