@@ -70,6 +70,8 @@ class EftService:
             raise RuntimeError("the scheduler thread stopped")
         if not self._webhook_thread.is_alive():
             raise RuntimeError("the webhook sender thread stopped")
+        if not self.webhooks.healthy():
+            raise RuntimeError("the webhook sender has not made a pass in a while")
 
     def __del__(self) -> None:
         self.scheduler.stop()

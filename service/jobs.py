@@ -200,7 +200,8 @@ class JobService:
         from eft.service import webhooks
 
         settings = self.settings
-        problem = webhooks.url_problem(req.webhook_url, settings.webhook_allow_loopback, settings.webhook_allow_private)
+        problem = webhooks.url_problem(req.webhook_url, settings.webhook_allow_loopback, settings.webhook_allow_private,
+                                      settings.webhook_dns_timeout_s)
         if problem:
             raise RequestInvalid(problems=[Problem("webhook_url", "webhook_url_refused", f"the webhook URL {problem}")])
         if not webhooks.has_secret(self.store.engine, tenant):

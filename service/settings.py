@@ -275,7 +275,17 @@ class Settings(BaseSettings):
     webhook_retry_max_s: float = Field(3600.0, gt=0, description="Longest wait between two delivery attempts.")
     webhook_retry_for_s: float = Field(
         86400.0, gt=0, description="How long a webhook is retried before it is given up (a day).")
-    webhook_timeout_s: float = Field(10.0, gt=0, description="Time a receiver has to answer one delivery.")
+    webhook_timeout_s: float = Field(
+        10.0, gt=0, description="Time one delivery attempt may take in all (connecting, TLS, sending, and the "
+        "answer's status and headers; its body is never read), however the receiver paces its bytes.")
+    webhook_dns_timeout_s: float = Field(
+        2.0, gt=0, description="Time a webhook URL's host has to resolve, when the URL is given and before each "
+        "attempt (off the API's threads).")
+    webhook_concurrency: int = Field(8, ge=1, le=256, description="Delivery attempts a replica makes at once.")
+    webhook_tenant_concurrency: int = Field(
+        2, ge=1, le=256, description="Of those, at most this many for one tenant: tenants' deliveries take turns.")
+    webhook_endpoints_per_tenant: int = Field(
+        10, ge=1, le=10000, description="Webhook endpoints one tenant may have (POST /webhooks).")
     webhook_poll_interval_s: float = Field(1.0, gt=0, description="How often a replica looks for webhooks due.")
 
     @property

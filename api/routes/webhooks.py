@@ -20,6 +20,11 @@ from eft.types.webhooks import (
 router = APIRouter(tags=["webhooks"])
 
 
+class TooManyEndpoints(ServiceError):
+    status_code = 409
+    code = "webhook_endpoints_limit"
+
+
 class EndpointNotFound(ServiceError):
     status_code = 404
     code = "webhook_endpoint_not_found"
@@ -30,11 +35,19 @@ def create_endpoint(body: WebhookEndpointCreate, service: JobServiceDep, princip
     """Send the chosen job events to `url`. The first endpoint of a tenant makes its signing
     secret and shows it in this response, once. (An admin key's are its own tenant's.)"""
     settings, tenant = service.settings, principal.tenant
-    problem = webhooks.url_problem(body.url, settings.webhook_allow_loopback, settings.webhook_allow_private)
+    problem = webhooks.url_problem(body.url, settings.webhook_allow_loopback, settings.webhook_allow_private,
+                                   settings.webhook_dns_timeout_s)
     if problem:
         raise RequestInvalid(problems=[Problem("url", "webhook_url_refused", f"the webhook URL {problem}")])
+    try:
+        row = webhooks.create_endpoint(service.store.engine, tenant, body.url, list(body.events),
+                                       settings.webhook_endpoints_per_tenant)
+    except webhooks.TooManyEndpoints:
+        raise TooManyEndpoints(
+            f"this tenant has {settings.webhook_endpoints_per_tenant} webhook endpoints, as many as this server "
+            "allows (EFT_WEBHOOK_ENDPOINTS_PER_TENANT): delete one (DELETE /webhooks/{id}), or send several "
+            "event types to one endpoint", param="url") from None
     secret = webhooks.ensure_secret(service.store.engine, tenant)
-    row = webhooks.create_endpoint(service.store.engine, tenant, body.url, list(body.events))
     return WebhookEndpoint(**{k: v for k, v in row.items() if k != "tenant"}, secret=secret)
 
 
@@ -47,6 +60,7 @@ def list_endpoints(service: JobServiceDep, principal: CurrentPrincipal) -> Webho
 
 @router.delete("/webhooks/{endpoint_id}", status_code=204)
 def delete_endpoint(endpoint_id: str, service: JobServiceDep, principal: CurrentPrincipal) -> None:
+    """Delete the endpoint; what was still owed to it is cancelled (status `cancelled`)."""
     if not webhooks.delete_endpoint(service.store.engine, principal.tenant, endpoint_id):
         raise EndpointNotFound(f"no webhook endpoint {endpoint_id!r}: list them with GET /webhooks",
                                param="endpoint_id")

@@ -57,7 +57,7 @@ class WebhookDelivery(_Response):
     event_id: str
     type: str
     url: str
-    status: Literal["pending", "delivered", "failed"]
+    status: Literal["pending", "delivered", "failed", "cancelled"]
     attempts: list[WebhookAttempt]
     created_at: datetime
     delivered_at: datetime | None = None

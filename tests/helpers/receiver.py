@@ -16,6 +16,7 @@ class Receiver:
 
     def __init__(self, check: Callable[[dict[str, str], bytes], Any] | None = None):
         self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.paths: list[str] = []
         self.codes: list[int] = []
         self.check = check
         self.checked: list[Any] = []
@@ -26,6 +27,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 receiver.requests.append((headers, body))
+                receiver.paths.append(self.path)
                 if receiver.check is not None:
                     try:
                         receiver.checked.append(receiver.check(headers, body))

@@ -38,7 +38,7 @@ def setup(loopback_allowed, service, eft_home, receiver):
     (eft_home / "data" / "train.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
     sender = WebhookSender(store.engine, settings)
     yield client, store, settings, sender
-    sender.client.close()
+    sender.close()
 
 
 def _job(client, **extra):
@@ -135,7 +135,7 @@ def test_retries_stop_after_the_retry_window_and_replicas_never_double_send(setu
     start = store.get_job(failed).updated_at
     other_replica = WebhookSender(store.engine, settings)
     assert sender.send_due(start) == 1 and other_replica.send_due(start) == 0  # claimed by the first
-    other_replica.client.close()
+    other_replica.close()
     moment, made = start, 1
     while made < 20:
         moment += timedelta(seconds=sender.backoff(made))
@@ -172,6 +172,53 @@ def test_url_policy():
     assert "private" in url_problem("https://192.168.1.10/x", False, False)
     assert url_problem("https://192.168.1.10/x", False, allow_private=True) is None
     assert "credentials" in url_problem("https://user:pw@8.8.8.8/x", False, False)
+    # Every way back to a private or loopback address is refused (before, the shared address
+    # space, 6to4, NAT64 and IPv4-mapped loopback passed).
+    for url in ("https://100.64.1.1/x", "https://[2002:7f00:1::]/x", "https://[64:ff9b::7f00:1]/x",
+                "https://[::ffff:127.0.0.1]/x", "https://[2002:a00:1::]/x", "https://0.0.0.0/x",
+                "https://224.0.0.1/x", "https://[fe80::1]/x", "https://[fc00::1]/x"):
+        assert "non-public" in (url_problem(url, False, False) or ""), url
+    assert url_problem("https://[2606:4700::1111]/x", False, False) is None
+    assert url_problem("https://[2002:808:808::]/x", False, False) is None  # 6to4 of 8.8.8.8
+
+
+def test_a_host_that_resolves_slowly_holds_no_request_past_the_dns_timeout(setup, monkeypatch):
+    """Before: the URL's host was resolved on the API thread with no time limit of its own (a
+    name whose DNS answered after minutes held a thread of the replica that long)."""
+    import socket
+    import threading
+    import time
+
+    client, *_ = setup
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host == "slow.example":
+            release.wait(30)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    try:
+        started = time.monotonic()
+        refused = client.post("/webhooks", json={"url": "https://slow.example/hook"})
+        took = time.monotonic() - started
+        assert refused.status_code == 422, refused.text
+        assert "did not resolve within 2 s" in refused.json()["error"]["errors"][0]["message"]
+        assert took < 2 + 3, took
+    finally:
+        release.set()
+
+
+def test_the_sender_reports_its_health():
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(webhook_concurrency=1, webhook_poll_interval_s=1.0)
+    sender = WebhookSender(None, settings)
+    assert sender.healthy()
+    sender.last_pass -= 60  # no pass for a minute: the replica's health check fails
+    assert not sender.healthy()
+    sender.close()
 
 
 def test_an_admin_keys_webhooks_are_its_own_tenants(setup, receiver):
@@ -187,3 +234,245 @@ def test_an_admin_keys_webhooks_are_its_own_tenants(setup, receiver):
     assert [e["url"] for e in client.get("/webhooks", headers=headers).json()["data"]] == [receiver.url]
     assert client.get("/webhooks").json()["data"] == []  # not the default tenant's
     assert client.post("/webhooks/secret", headers=headers).json()["secret"].startswith("whsec_")
+
+
+# --- a sender no receiver can hold ------------------------------------------------------------
+
+
+class _Listener:
+    """A TCP server on loopback that hands each connection to `serve(conn)` in a thread of its
+    own, and counts the connections it got."""
+
+    def __init__(self, serve=None):
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self.serve = serve or (lambda conn: conn.close())
+        self.closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        try:
+            self.serve(conn)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.closed.set()
+        self.sock.close()
+
+
+def _read_request(conn):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def _paused_job(client, store):
+    job = _job(client)
+    store.transition(job, JobStatus.queued, "validated")
+    store.transition(job, JobStatus.paused, "paused")
+    return job
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    monkeypatch.setenv("EFT_WEBHOOK_TIMEOUT_S", "1")
+
+
+def test_a_receiver_dripping_its_answer_holds_an_attempt_no_longer_than_the_deadline(quick, setup):
+    """Before: each read had the timeout, so headers sent a byte every 0.2 s held the attempt
+    (and every tenant's deliveries behind it) as long as the receiver liked."""
+    import threading
+
+    client, store, settings, sender = setup
+    done = threading.Event()
+
+    def drip(conn):
+        _read_request(conn)
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 40 + b"\r\nContent-Length: 0\r\n\r\n":
+            if done.wait(0.2):
+                return
+            conn.sendall(bytes([byte]))
+
+    listener = _Listener(drip)
+    try:
+        client.post("/webhooks", json={"url": f"http://127.0.0.1:{listener.port}/hook"})
+        job = _paused_job(client, store)
+        assert sender.send_due() == 1
+        (delivery,) = client.get(f"/jobs/{job}/webhooks").json()["data"]
+        (attempt,) = delivery["attempts"]
+        assert attempt["seconds"] < settings.webhook_timeout_s + 0.5, attempt  # the drip needs ~13 s
+        assert attempt["status_code"] is None and attempt["error"].startswith("not delivered")
+        assert delivery["status"] == "pending"  # retried later, as any failure
+    finally:
+        done.set()
+        listener.close()
+
+
+def test_a_huge_answer_is_never_read(setup):
+    """Before: the whole answer was read into the replica's memory (300 MB took it from 157 to
+    758 MB); now only its status line and headers are."""
+    import resource
+
+    client, store, settings, sender = setup
+    size = 400 * 2**20
+    sent = []
+
+    def huge(conn):
+        _read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % size)
+        chunk, total = b"x" * 2**20, 0
+        while total < size:
+            conn.sendall(chunk)  # fails once the sender closes the connection
+            total += len(chunk)
+            sent.append(total)
+
+    listener = _Listener(huge)
+    try:
+        client.post("/webhooks", json={"url": f"http://127.0.0.1:{listener.port}/hook"})
+        job = _paused_job(client, store)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        assert sender.send_due() == 1
+        grew_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        (delivery,) = client.get(f"/jobs/{job}/webhooks").json()["data"]
+        assert delivery["status"] == "delivered" and delivery["attempts"][0]["status_code"] == 200
+        assert grew_mb < 100, grew_mb
+        assert not sent or sent[-1] < size  # the receiver could not push it all
+    finally:
+        listener.close()
+
+
+def test_the_address_checked_is_the_address_sent_to(setup, monkeypatch):
+    """DNS rebinding: a name that resolves to a public address when checked and to loopback
+    the next time. Before, the check and the send each resolved it, and the delivery reached
+    127.0.0.1; now the attempt connects to the address it checked."""
+    import socket
+
+    client, store, settings, sender = setup
+    listener = _Listener()
+    real = socket.getaddrinfo
+    asked = []
+
+    def rebinding(host, port=None, *args, **kwargs):
+        if host != "rebind.example":
+            return real(host, port, *args, **kwargs)
+        asked.append(host)
+        address = "8.8.8.8" if len(asked) % 2 else "127.0.0.1"  # public, then loopback, ...
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, int(port or 0)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    try:
+        url = f"https://rebind.example:{listener.port}/hook"
+        assert client.post("/webhooks", json={"url": url}).status_code == 201
+        job = _paused_job(client, store)
+        asked.clear()
+        assert sender.send_due() == 1
+        assert listener.connections == 0  # nothing reached loopback
+        (delivery,) = client.get(f"/jobs/{job}/webhooks").json()["data"]
+        assert delivery["attempts"][0]["error"].startswith("not delivered")
+        assert len(asked) == 1  # resolved once for the attempt
+    finally:
+        listener.close()
+
+
+def test_the_recorded_error_does_not_tell_open_ports_from_closed(setup):
+    """Before: "ConnectError: [Errno 111] Connection refused" against "RemoteProtocolError:
+    Server disconnected": a tenant could map which ports of the receiver's host were open."""
+    import socket
+
+    client, store, settings, sender = setup
+    open_port = _Listener()  # accepts, then closes at once
+    closed = socket.create_server(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    try:
+        for port in (open_port.port, closed_port):
+            client.post("/webhooks", json={"url": f"http://127.0.0.1:{port}/hook"})
+        job = _paused_job(client, store)
+        assert sender.send_due() == 2
+        errors = {d["url"]: d["attempts"][0]["error"] for d in client.get(f"/jobs/{job}/webhooks").json()["data"]}
+        assert len(errors) == 2 and len(set(errors.values())) == 1, errors
+        assert open_port.connections == 1
+    finally:
+        open_port.close()
+
+
+def test_endpoints_per_tenant_are_capped(setup, receiver):
+    """Before: unlimited (500 endpoints: one cancel queued 500 deliveries)."""
+    client, _, settings, _ = setup
+    for n in range(settings.webhook_endpoints_per_tenant):
+        assert client.post("/webhooks", json={"url": f"{receiver.url}/{n}"}).status_code == 201
+    refused = client.post("/webhooks", json={"url": receiver.url})
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "webhook_endpoints_limit" and error["param"] == "url" and "DELETE" in error["message"]
+    first = client.get("/webhooks").json()["data"][0]["id"]
+    assert client.delete(f"/webhooks/{first}").status_code == 204
+    assert client.post("/webhooks", json={"url": receiver.url}).status_code == 201
+
+
+def test_deleting_an_endpoint_cancels_what_is_owed_to_it(setup, receiver):
+    client, store, settings, sender = setup
+    endpoint = client.post("/webhooks", json={"url": receiver.url}).json()["id"]
+    receiver.codes = [500]
+    job = _paused_job(client, store)
+    start = store.get_job(job).updated_at
+    assert sender.send_due(start) == 1  # answered 500: owed again in 10 s
+    assert client.delete(f"/webhooks/{endpoint}").status_code == 204
+    assert sender.send_due(start + timedelta(seconds=60)) == 0
+    assert len(receiver.requests) == 1
+    (delivery,) = client.get(f"/jobs/{job}/webhooks").json()["data"]
+    assert delivery["status"] == "cancelled" and delivery["next_attempt_at"] is None
+    # A job's own webhook_url is the job's, not the endpoint's: deleting an endpoint of the
+    # same URL leaves its delivery owed.
+    endpoint = client.post("/webhooks", json={"url": receiver.url}).json()["id"]
+    receiver.codes = [500]
+    own = _job(client, webhook_url=receiver.url)
+    store.transition(own, JobStatus.queued, "validated")
+    store.transition(own, JobStatus.cancelled, "cancelled")
+    start = store.get_job(own).updated_at
+    assert sender.send_due(start) == 1
+    client.delete(f"/webhooks/{endpoint}")
+    assert sender.send_due(start + timedelta(seconds=60)) == 1
+    assert client.get(f"/jobs/{own}/webhooks").json()["data"][0]["status"] == "delivered"
+
+
+def test_tenants_and_endpoints_take_turns(setup, receiver, eft_home):
+    """Before: what was due went oldest first, so one tenant's 10 endpoints (one cancel) came
+    before everyone else's deliveries. Now each tenant's first goes before any tenant's
+    second, and no tenant has more than its share of attempts at once."""
+    from tests.helpers.app import tenant_client
+
+    client, store, settings, sender = setup
+    for n in range(10):
+        client.post("/webhooks", json={"url": f"{receiver.url}/a{n}"})
+    _paused_job(client, store)  # 10 deliveries of tenant "default", due first
+    other = tenant_client(client.app, store, tenant="other")
+    with other:
+        other.post("/webhooks", json={"url": f"{receiver.url}/b"})
+        _paused_job(other, store)
+    assert sender.send_due(limit=3) == 3
+    assert len(receiver.paths) == 3
+    tenants = sorted(p.rsplit("/", 1)[-1][0] for p in receiver.paths)
+    assert tenants == ["a", "a", "b"], tenants  # the default tenant's share is 2 at once
