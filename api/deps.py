@@ -13,6 +13,7 @@ from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from eft.service.auth import KeyStore, Principal
+from eft.service import isolation
 from eft.service.idempotency import Idempotency
 from eft.service.jobs import JobService
 
@@ -42,12 +43,20 @@ async def get_idempotency(request: Request) -> Idempotency:
     return request.app.state.job_service.idempotency
 
 
-async def get_tenant(principal: Annotated[Principal, Depends(get_principal)]) -> str | None:
+async def get_principal_in_context(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    """The principal, also named as the tenant on whose behalf helper processes work (their
+    shares per tenant, service/isolation.py): set here, in the request's own context, which the
+    route's thread then copies."""
+    isolation.tenant.set(principal.tenant)
+    return principal
+
+
+async def get_tenant(principal: Annotated[Principal, Depends(get_principal_in_context)]) -> str | None:
     return principal.scope
 
 
 JobServiceDep = Annotated[JobService, Depends(get_job_service)]
-CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+CurrentPrincipal = Annotated[Principal, Depends(get_principal_in_context)]
 CurrentTenant = Annotated[str | None, Depends(get_tenant)]
 IdempotencyDep = Annotated[Idempotency, Depends(get_idempotency)]
 IdempotencyKey = Annotated[str | None, Header(max_length=256, description=(

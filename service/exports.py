@@ -2,7 +2,10 @@
 weights, in the base model's dtype, as safetensors with its tokenizer and config: a model that
 plain transformers loads and any server runs) or `adapter` (the published PEFT adapter as it is),
 either one also pushed to a Hugging Face Hub repository with the operator's token (`HF_TOKEN`
-in the service's environment or secrets file; never stored, never sent through Ray).
+in the service's environment or secrets file; never stored, never sent through Ray), only into
+the namespaces the operator gave the job's tenant (`EFT_HUB_PUSH_NAMESPACES`), and never into an
+existing repository that tenant's exports did not create. A tenant has at most
+`EFT_EXPORTS_PER_TENANT` exports running, each reserving the memory its merge needs.
 
 A merged export (and any push) runs as a Ray Job of its own (the API replica imports no torch):
     python -m eft.service.exports --job-id ftjob-... --export-id <n> [--kind K] [--hub-repo R]
@@ -30,6 +33,57 @@ log = logging.getLogger("eft.exports")
 
 KINDS = ("merged", "adapter")
 STARTED, DONE, FAILED = "export_started", "exported", "export_failed"
+#: A Hub repository an export created (the tenant's to push to again).
+HUB_CREATED = "export_hub_repo_created"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class HubRepoNotOwned(Exception):
+    """The repository exists and this tenant's exports did not create it."""
+
+
+def _tenant_events(engine: Any, tenant: str, types: list[str]) -> list[Any]:
+    import sqlalchemy as sa
+
+    from eft.service.schema import job_events, jobs
+
+    with engine.connect() as conn:
+        return conn.execute(sa.select(job_events.c.job_id, job_events.c.type, job_events.c.data)
+                            .join(jobs, jobs.c.id == job_events.c.job_id)
+                            .where(jobs.c.tenant == tenant, job_events.c.type.in_(types))
+                            .order_by(job_events.c.id)).all()
+
+
+def open_exports(engine: Any, tenant: str) -> list[tuple[str, int, str | None]]:
+    """The tenant's exports that have started and not said how they ended: (job id, export
+    id, Ray submission id)."""
+    found: dict[tuple[str, int], str | None] = {}
+    for job_id, type_, data in _tenant_events(engine, tenant, [STARTED, DONE, FAILED]):
+        key = (job_id, int((data or {}).get("export_id", -1)))
+        if type_ == STARTED:
+            found[key] = (data or {}).get("ray_submission_id")
+        else:
+            found.pop(key, None)
+    return [(job_id, export_id, submission) for (job_id, export_id), submission in found.items()]
+
+
+def repos_created(engine: Any, tenant: str) -> set[str]:
+    """The Hub repositories the tenant's exports created."""
+    return {(data or {}).get("hub_repo") for _, _, data in _tenant_events(engine, tenant, [HUB_CREATED])}
+
+
+def memory_needed(model_path: str | None, kind: str) -> int:
+    """Bytes an export's Ray Job reserves: a merge holds the base model's weights and writes
+    them again (twice their size on disk, and 1 GiB besides); pushing an adapter, 512 MiB. A
+    base whose weights are not on this node (a Hub id) counts as 8 GiB of weights."""
+    if kind != "merged":
+        return 512 * 2**20
+    weights = 8 * 2**30
+    if model_path and Path(model_path).is_dir():
+        found = sum(f.stat().st_size for f in Path(model_path).iterdir()
+                    if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
+        weights = found or weights
+    return 2 * weights + 2**30
 
 
 def destination(artifact_path: str, kind: str) -> str:
@@ -64,13 +118,24 @@ def hub_token() -> str | None:
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
-def push_to_hub(folder: Path, repo: str, private: bool, endpoint: str | None, message: str) -> str:
-    """Upload `folder` to the model repository `repo` (created if needed, private unless told
-    otherwise) with the operator's token. Returns the commit's URL."""
+def push_to_hub(folder: Path, repo: str, private: bool, endpoint: str | None, message: str,
+                owned: Callable[[], bool] = lambda: False, created: Callable[[], None] = lambda: None) -> str:
+    """Upload `folder` to the model repository `repo` with the operator's token: created (private
+    unless told otherwise; `created()` records it) or, when it exists, only if `owned()` says the
+    tenant's exports created it (else HubRepoNotOwned). Returns the commit's URL."""
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
 
     api = HfApi(endpoint=endpoint or None, token=hub_token())
-    api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+    try:
+        api.create_repo(repo, repo_type="model", private=private, exist_ok=False)
+        created()
+    except HfHubHTTPError as exc:
+        if getattr(exc.response, "status_code", None) != 409:
+            raise
+        if not owned():
+            raise HubRepoNotOwned(f"the Hub repository {repo} exists and was not created by this tenant's exports: "
+                                  "push to a new repository") from None
     return str(api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message=message,
                                  ignore_patterns=["eft_commit.json"]).commit_url)
 
@@ -145,8 +210,11 @@ def run(job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None 
         push = None
         if hub_repo:
             def push(folder: Path) -> str:
-                return push_to_hub(folder, hub_repo, hub_private, settings.hub_endpoint,
-                                   f"{kind} model of fine-tuning job {job.id}")
+                return push_to_hub(
+                    folder, hub_repo, hub_private, settings.hub_endpoint, f"{kind} model of fine-tuning job {job.id}",
+                    owned=lambda: hub_repo in repos_created(store.engine, job.tenant),
+                    created=lambda: store.append_event(job.id, HUB_CREATED, f"Hub repository {hub_repo} created",
+                                                       data={"hub_repo": hub_repo, "export_id": export_id}))
         try:
             if kind == "merged":
                 target = destination(job.artifact_path, "merged")
@@ -160,8 +228,8 @@ def run(job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None 
                 data.update(path=job.artifact_path)
         except Exception as exc:  # noqa: BLE001 - recorded on the job for its owner to read
             log.exception("export %s of %s failed", export_id, job_id)
-            store.append_event(job_id, FAILED, f"{kind} export failed: {type(exc).__name__}: {exc}", data=data,
-                               level="error")
+            reason = str(exc) if isinstance(exc, HubRepoNotOwned) else f"{type(exc).__name__}: {exc}"
+            store.append_event(job_id, FAILED, f"{kind} export failed: {reason}", data=data, level="error")
             return 1
         if hub_url:
             data["hub_url"] = hub_url

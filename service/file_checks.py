@@ -68,7 +68,7 @@ def validate_upload(files: FileStore, record: FileRecord, req: ValidateRequest, 
     # The whole read (and tokenisation) in a helper process: it takes seconds on a large file.
     report = isolation.run(check_dataset_with, Path(record.path), record.filename, model_path,
                            max_problems=settings.max_validation_errors, max_seq_len=req.max_seq_len,
-                           other=other, other_name=other_name)
+                           other=other, other_name=other_name, param="file_id")
     if isinstance(report, Problem):
         raise RequestInvalid(problems=[report])
     return report

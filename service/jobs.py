@@ -33,9 +33,9 @@ from eft.service.model_ids import checkpoint_model_id, fine_tuned_model_id, pars
 from eft.service import estimates, exports, queueing
 from eft.service.launcher import Launcher, RayJobState, stop_quietly
 from eft.service.progress import progress_fields
-from eft.service.quotas import check_priority, check_quota, demand
+from eft.service.quotas import QuotaExceeded, check_priority, check_quota, demand
 from eft.service.settings import Settings
-from eft.service.store import JobRecord, Store
+from eft.service.store import JobRecord, Store, tenant_key
 from eft.service.validation import check_request, resolve_under_roots
 from eft.types.text import decimal_int
 
@@ -93,6 +93,16 @@ def _estimate(stored: dict[str, Any] | None) -> JobEstimate | None:
 
 #: Reads and writes a cancel makes before it gives up on a job that keeps changing status.
 CANCEL_TRIES = 5
+
+
+class HubPushRefused(ServiceError):
+    status_code = 403
+    type = "permission_error"
+    code = "hub_push_not_allowed"
+
+
+class TooManyExports(QuotaExceeded):
+    code = "exports_limit"
 
 
 class JobService:
@@ -378,17 +388,39 @@ class JobService:
             raise ServiceError("this server has no Hugging Face token: the operator sets HF_TOKEN in the service's "
                                "environment or secrets file to let jobs push to the Hub", param="hub_repo",
                                code="hub_token_missing")
+        if hub_repo:
+            allowed = self.settings.hub_push_namespaces.get(job.tenant, [])
+            if hub_repo.split("/", 1)[0] not in allowed:
+                where = (f"push to {', '.join(repr(n + '/...') for n in allowed)}" if allowed
+                         else "the operator has given this tenant no Hub namespace to push to")
+                raise HubPushRefused(f"exports may not push to {hub_repo!r} with this server's token: {where} "
+                                     "(EFT_HUB_PUSH_NAMESPACES)", param="hub_repo")
         known = self.exports(job.id, tenant)
         for export in reversed(known):
             if (export["kind"] == kind and export.get("hub_repo") == hub_repo
                     and export["status"] in ("running", "succeeded")):
                 return export, False
         export_id = max((e["id"] for e in known), default=0) + 1
-        submission_id = self.launcher.submit_export(job.id, export_id, kind, hub_repo, hub_private)
+        submission_id = f"{job.id}-export-{export_id}"
         path = exports.destination(job.artifact_path, kind) if kind == "merged" else job.artifact_path
-        self.store.append_event(job.id, exports.STARTED, f"{kind} export {export_id} started", data={
-            "export_id": export_id, "kind": kind, "path": path, "hub_repo": hub_repo,
-            "ray_submission_id": submission_id})
+        with self.store.serialized(tenant_key(job.tenant)) as conn:  # counted and claimed at once
+            running = [s for _, _, s in exports.open_exports(self.store.engine, job.tenant)
+                       if not s or self.launcher.state(s) not in RayJobState.TERMINAL]
+            if len(running) >= self.settings.exports_per_tenant:
+                raise TooManyExports(
+                    f"{len(running)} exports of this tenant's jobs are running, as many as this server runs at once "
+                    "(EFT_EXPORTS_PER_TENANT): ask again when one has finished (GET /jobs/{id}/exports)",
+                    "kind", self.settings.quota_retry_after_s)
+            self.store.insert_event(conn, job.id, exports.STARTED, f"{kind} export {export_id} started", data={
+                "export_id": export_id, "kind": kind, "path": path, "hub_repo": hub_repo,
+                "ray_submission_id": submission_id})
+        memory = exports.memory_needed((job.config or {}).get("model_path"), kind)
+        try:
+            self.launcher.submit_export(job.id, export_id, kind, hub_repo, hub_private, memory=memory)
+        except Exception as exc:
+            self.store.append_event(job.id, exports.FAILED, f"{kind} export could not start: {exc}",
+                                    data={"export_id": export_id, "kind": kind}, level="error")
+            raise
         return next(e for e in self.exports(job.id, tenant) if e["id"] == export_id), True
 
     def fine_tuned_models(self, tenant: str | None) -> list[JobRecord]:

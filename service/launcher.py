@@ -35,7 +35,7 @@ class RayJobState:
 class Launcher(Protocol):
     def submit(self, job_id: str, attempt: int, name: str | None) -> bool: ...
     def submit_export(self, job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None = None,
-                      hub_private: bool = True) -> str: ...
+                      hub_private: bool = True, memory: int | None = None) -> str: ...
     def state(self, submission_id: str) -> str: ...
     def stop(self, submission_id: str) -> None: ...
     def logs(self, submission_id: str) -> str: ...
@@ -109,9 +109,10 @@ class RayJobsLauncher:
         return True
 
     def submit_export(self, job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None = None,
-                      hub_private: bool = True) -> str:
+                      hub_private: bool = True, memory: int | None = None) -> str:
         """Start the Ray Job that exports a succeeded job's model (service/exports.py): merges
-        it, pushes it to the Hub, or both. Returns its submission id."""
+        it, pushes it to the Hub, or both, reserving `memory` bytes of its node's (so that
+        exports wait for room instead of crowding a node out). Returns its submission id."""
         submission_id = f"{job_id}-export-{export_id}"
         options = f" --kind {shlex.quote(kind)}"
         if hub_repo:
@@ -127,8 +128,8 @@ class RayJobsLauncher:
                 submission_id=submission_id, runtime_env=runtime_env,
                 metadata={"eft_job_id": job_id, "eft_export_id": str(export_id),
                           "job_name": f"merged export of {job_id}"},
-                # It loads and merges the model itself: one CPU, on a node that has one.
-                entrypoint_num_cpus=1,
+                # It loads and merges the model itself: one CPU, and the memory that takes.
+                entrypoint_num_cpus=1, entrypoint_memory=memory,
             )
         except RuntimeError as exc:
             if "already exists" not in str(exc):

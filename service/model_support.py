@@ -208,7 +208,7 @@ def _inspect_isolated(model_path: str, signature: tuple[int, int]) -> ModelSuppo
     million objects would make each of its full garbage collections a pause of 100-200 ms)."""
     from eft.service import isolation
 
-    kind, value = isolation.run(_inspect_outcome, model_path, signature, pool="model")
+    kind, value = isolation.run(_inspect_outcome, model_path, signature, pool="model", param="model")
     if kind == "refused":
         raise RequestInvalid(problems=value)
     return value

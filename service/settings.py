@@ -248,6 +248,19 @@ class Settings(BaseSettings):
     hub_endpoint: str | None = Field(
         None, description="The Hugging Face Hub exports push to (default: huggingface.co; a private Hub's URL)."
     )
+    hub_push_namespaces: dict[str, list[str]] = Field(
+        default_factory=dict, description="Hub namespaces (users or organisations) each tenant's exports may "
+        "push to with the operator's token, as JSON: {\"acme\": [\"acme-models\"]}. A tenant not named pushes "
+        "nowhere; a push never goes into an existing repository the tenant's exports did not create.")
+    hub_read_repos: dict[str, list[str]] = Field(
+        default_factory=dict, description="Hub repositories (`org/name`) or organisations (`org/*`) each tenant "
+        "may read with the operator's token, as JSON (private or gated models and datasets). Every other Hub "
+        "id a tenant names is fetched anonymously, by the service and the workers alike.")
+    hub_max_service_bytes: int = Field(
+        64 * 1024**2, ge=1, description="Bytes of a Hub model's or dataset's files the service downloads for "
+        "one request (config, tokenizer, template; a dataset file), checked from the Hub's listing first.")
+    exports_per_tenant: int = Field(
+        2, ge=1, le=1000, description="Exports of one tenant's jobs running at once (one more is a 429).")
     inference_start_timeout_s: float = Field(
         120.0, gt=0, description="How long a completion request waits for a model server replica "
         "(one starts when none runs: they scale to zero when idle) before it answers 503 with "
@@ -262,6 +275,17 @@ class Settings(BaseSettings):
         512, ge=1, description="Tokens a completion generates when the request sets no max_tokens "
         "(fewer when the context has less room)."
     )
+
+    helper_time_s: float = Field(
+        60.0, gt=0, le=3600, description="Time the service spends on one request's input in a helper process "
+        "(scanning a file, rendering its chats with the model's template, inspecting a model); past it the "
+        "request is a 422 input_too_costly and the helper is replaced.")
+    helper_validate_time_s: float = Field(
+        900.0, gt=0, le=86400, description="Time a job's validation (tokenising its data) may take in the helper; "
+        "past it the job fails as a user error (input_too_costly).")
+    helper_memory_mb: int = Field(
+        4096, ge=256, le=1 << 20, description="Resident memory a helper process may hold while it works on one "
+        "request's input or one job's validation; past it the call fails as EFT_HELPER_TIME_S does.")
 
     webhook_allow_loopback: bool = Field(
         False, description="Let webhooks go to plain-http loopback URLs (127.0.0.1, localhost): local "

@@ -416,6 +416,12 @@ class Store:
 
     # --- events, metrics, checkpoints --------------------------------------------------------
 
+    def insert_event(self, conn: sa.Connection, job_id: str, type_: str, message: str, *,
+                     data: dict[str, Any] | None = None, level: str = "info") -> None:
+        """`append_event` within the caller's transaction (`serialized`'s, say)."""
+        attempt = conn.execute(sa.select(jobs.c.attempt).where(jobs.c.id == job_id)).scalar_one()
+        self._insert_event(conn, job_id, attempt, type_, level, message, data)
+
     def _insert_event(self, conn, job_id, attempt, type_, level, message, data) -> None:  # noqa: ANN001
         conn.execute(_INSERT_EVENT, dict(job_id=job_id, attempt=attempt, created_at=utcnow(), type=type_,
                                          level=level, message=message, data=data or {}))

@@ -157,6 +157,9 @@ def resolve_dataset(value: str, param: str, settings: Settings, problems: list[P
         return None
     try:
         scan = scan_cached(path, settings.max_validation_errors, columns)
+    except RequestInvalid as exc:  # the scan passed its helper's limits: this field's input
+        problems.extend(Problem(param, p.code, p.message) for p in exc.problems)
+        return None
     except (OSError, UnicodeDecodeError, ValueError, csv.Error) as exc:
         kind = {"parquet": "Parquet", "csv": "UTF-8 CSV", "arrow": "a `datasets` directory"}.get(
             data_kind(path), "UTF-8 JSONL")
@@ -276,7 +279,7 @@ def _check_chat_template(model_path: str, path: Path, param: str, train_on: str,
     from eft.service import isolation
 
     return isolation.run(_render_chat_sample, model_path, path, param, train_on, system_message, columns,
-                         pool="model")
+                         pool="model", param=param)
 
 
 def _render_chat_sample(model_path: str, path: Path, param: str, train_on: str, system_message: str,
@@ -631,7 +634,7 @@ def validate_job_isolated(job: JobRecord, settings: Settings) -> tuple[TrainConf
     from eft.service import isolation
     from eft.training.errors import TrainingUserError
 
-    kind, value = isolation.run(_validate_outcome, job, settings, pool="validate")
+    kind, value = isolation.run(_validate_outcome, job, settings, pool="validate", param="training_file")
     if kind == "user_error":
         raise TrainingUserError(*value)
     if kind == "invalid":

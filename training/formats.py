@@ -102,10 +102,18 @@ def _check_message(i: int, msg: Any, out: list[tuple[str, str]]) -> None:
             out.append((f"{where}.weight", f"must be 0 (not trained) or 1 (trained), got {msg['weight']!r}"))
 
 
+#: Messages one chat record may hold (an agent's longest traces stay well under it).
+MOST_MESSAGES = 1024
+
+
 def _check_chat(record: dict[str, Any], out: list[tuple[str, str]]) -> None:
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
         out.append(("messages", "must be a non-empty list of {role, content} objects"))
+        return
+    if len(messages) > MOST_MESSAGES:
+        out.append(("messages", f"has {len(messages)} messages, more than the {MOST_MESSAGES} a record may "
+                    "hold: split the conversation into several records"))
         return
     for i, msg in enumerate(messages):
         _check_message(i, msg, out)
@@ -262,11 +270,45 @@ def normalize(record: Any, columns: Mapping[str, str] | None = None) -> Any:
     return record
 
 
+#: Parquet is checked from its footer before a row is read (rows, columns), and what it decodes
+#: to is counted as it is read: a few hundred bytes of dictionary or run-length encoding can
+#: stand for gigabytes (a 619-byte file decoded to 1.1 GB). A file decoding to more than
+#: PARQUET_EXPANSION times its size (and PARQUET_DECODED_FLOOR) is refused.
+MOST_PARQUET_ROWS = 10_000_000
+MOST_PARQUET_COLUMNS = 1000
+PARQUET_EXPANSION = 64
+PARQUET_DECODED_FLOOR = 256 * 1024**2
+
+
+def _decoded_bytes(batch: Any) -> int:
+    """What a batch's values take once decoded (a dictionary column's values repeated)."""
+    import pyarrow as pa
+
+    return sum(column.dictionary_decode().nbytes if pa.types.is_dictionary(column.type) else column.nbytes
+               for column in batch.columns)
+
+
 def _iter_parquet(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    """Rows of a Parquet file. Raises ValueError naming the limit when its footer says it has
+    too many rows or columns, or when it decodes to far more than its size."""
     import pyarrow.parquet as pq
 
-    row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+    source = pq.ParquetFile(path)
+    meta = source.metadata
+    if meta.num_rows > MOST_PARQUET_ROWS:
+        raise ValueError(f"it has {meta.num_rows:,} rows, more than the {MOST_PARQUET_ROWS:,} a dataset file may "
+                         "hold: split it into several jobs' files")
+    if meta.num_columns > MOST_PARQUET_COLUMNS:
+        raise ValueError(f"it has {meta.num_columns:,} columns, more than {MOST_PARQUET_COLUMNS:,}: write only "
+                         "the columns training reads")
+    budget = max(PARQUET_DECODED_FLOOR, PARQUET_EXPANSION * path.stat().st_size)
+    decoded, row = 0, 0
+    for batch in source.iter_batches(batch_size=256):
+        decoded += _decoded_bytes(batch)
+        if decoded > budget:
+            raise ValueError(f"it decodes to more than {budget:,} bytes ({PARQUET_EXPANSION}x its size on disk) "
+                             f"by row {row + batch.num_rows:,}: a file this compressible is refused; write it "
+                             "without repeating values through a dictionary, or as JSONL")
         for record in batch.to_pylist():
             row += 1
             yield row, record, None

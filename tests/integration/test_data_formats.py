@@ -143,3 +143,36 @@ def test_a_long_csv_cell_reads_and_one_beyond_the_readers_limit_is_a_4xx(service
     assert "field larger than field limit" in r.json()["error"]["message"]
     r = c.post("/jobs", json={"model": "tiny-qwen2.5", "training_file": uploaded["id"]})
     assert r.status_code == 422 and r.json()["error"]["param"] == "training_file", r.text
+
+
+def test_parquet_that_decodes_to_gigabytes_or_too_many_rows_is_a_4xx(service, eft_home):
+    """Before: read whole, however much a few bytes of dictionary or run-length encoding stood
+    for (a 619-byte file decoded to 1.1 GB; 5 million empty rows held both scan helpers for
+    two minutes). Now its footer's rows and columns are checked before a row is read, and what
+    it decodes to is counted as it is read."""
+    import time
+
+    import numpy as np
+
+    from eft.training.formats import MOST_PARQUET_ROWS
+
+    client, _, _ = service
+    data = eft_home / "data"
+    rows = 2_000_000  # the same 2 KB answer, through a dictionary: ~4 GB decoded
+    indices = pa.array(np.zeros(rows, dtype=np.int32))
+    answer = pa.DictionaryArray.from_arrays(indices, pa.array(["It is sunny. " * 150]))
+    prompt = pa.DictionaryArray.from_arrays(indices, pa.array(["Weather?"]))
+    pq.write_table(pa.table({"prompt": prompt, "completion": answer}), data / "bomb.parquet")
+    assert (data / "bomb.parquet").stat().st_size < 2**20
+    many = pa.table({"text": pa.DictionaryArray.from_arrays(pa.array(np.zeros(MOST_PARQUET_ROWS + 1, dtype=np.int8)),
+                                                            pa.array(["Hello."]))})
+    pq.write_table(many, data / "many.parquet")
+    for name, words in (("bomb.parquet", "decodes to more than"), ("many.parquet", "rows, more than")):
+        started = time.monotonic()
+        refused = client.post("/jobs", json={"model": "tiny-qwen2.5", "training_file": name})
+        took = time.monotonic() - started
+        assert refused.status_code == 422, refused.text
+        (problem,) = refused.json()["error"]["errors"]
+        assert problem["param"] == "training_file" and problem["code"] == "file_unreadable", problem
+        assert words in problem["message"], problem
+        assert took < 30, took  # the bomb stops at 256 MB decoded; the rows are never read

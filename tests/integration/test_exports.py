@@ -32,8 +32,9 @@ class InProcessExports(RayJobsLauncher):
     """Runs the export's Ray Job entrypoint in this process instead of submitting it."""
 
     def submit_export(self, job_id: str, export_id: int, kind: str = "merged", hub_repo: str | None = None,
-                      hub_private: bool = True) -> str:
+                      hub_private: bool = True, memory: int | None = None) -> str:
         self.pending = (job_id, export_id, kind, hub_repo, hub_private)
+        self.memory = memory
         return f"{job_id}-export-{export_id}"
 
     def state(self, submission_id: str) -> str:
@@ -141,6 +142,8 @@ class _Hub(http.server.BaseHTTPRequestHandler):
         if self.path == "/api/repos/create":
             request = json.loads(body)
             repo = f"{request['organization']}/{request['name']}" if request.get("organization") else request["name"]
+            if repo in self.repos:
+                return self._answer(409, {"error": "You already created this model repo", "url": f"{base}/{repo}"})
             self.repos[repo] = request
             return self._answer(200, {"url": f"{base}/{repo}"})
         parts = self.path.split("?")[0].split("/")  # /api/models/<org>/<name>/<verb>/<revision>
@@ -186,6 +189,9 @@ def test_exports_push_to_the_hub_with_the_operators_token_only(env, hub, tmp_pat
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "hub_repo"
 
     monkeypatch.setenv("HF_TOKEN", hub.token)
+    monkeypatch.setenv("EFT_HUB_PUSH_NAMESPACES", '{"acme": ["acme"]}')
+    get_settings.cache_clear()
+    client.app.state.job_service.settings = get_settings()
     for kind, repo in (("adapter", "acme/bot-adapter"), ("merged", "acme/bot")):
         started = client.post(f"/jobs/{job['id']}/export", json={"kind": kind, "hub_repo": repo})
         assert started.status_code == 202 and started.json()["hub_repo"] == repo
@@ -201,3 +207,63 @@ def test_exports_push_to_the_hub_with_the_operators_token_only(env, hub, tmp_pat
     # The token never reached the job's record.
     events = client.get(f"/jobs/{job['id']}/events", params={"limit": 1000}).text
     assert hub.token not in events
+
+
+def _succeeded_job(client, store, tmp_path):
+    job = client.post("/jobs", json={"model": "tiny-qwen3", "training_file": "chat.jsonl"}).json()
+    artifact = _adapter(tmp_path / f"artifact-{job['id']}")
+    store.transition(job["id"], JobStatus.queued, "validated", config={"model_path": str(BASE), "method": "lora"})
+    store.transition(job["id"], JobStatus.running, "dispatched", attempt=1)
+    store.transition(job["id"], JobStatus.succeeded, "done", artifact_path=str(artifact))
+    return job["id"]
+
+
+def test_pushes_go_only_to_the_tenants_namespaces_and_repositories(env, hub, tmp_path, monkeypatch):
+    """Before: any `owner/name` was created or pushed into with the operator's token (one tenant
+    overwrote another's model, or made repositories in the operator's namespace)."""
+    client, store, launcher, _ = env
+    job = _succeeded_job(client, store, tmp_path)
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    hub.repos["acme/someone-elses"] = {"name": "someone-elses", "organization": "acme"}
+    refused = client.post(f"/jobs/{job}/export", json={"kind": "adapter", "hub_repo": "acme/bot"})
+    assert refused.status_code == 403, refused.text  # no namespace given to this tenant
+    error = refused.json()["error"]
+    assert error["code"] == "hub_push_not_allowed" and error["param"] == "hub_repo"
+    assert "EFT_HUB_PUSH_NAMESPACES" in error["message"]
+    monkeypatch.setenv("EFT_HUB_PUSH_NAMESPACES", '{"acme": ["acme"], "globex": ["operator"]}')
+    get_settings.cache_clear()
+    client.app.state.job_service.settings = get_settings()
+    outside = client.post(f"/jobs/{job}/export", json={"kind": "adapter", "hub_repo": "operator/model"})
+    assert outside.status_code == 403 and "'acme/...'" in outside.json()["error"]["message"]
+    assert hub.repos.keys() == {"acme/someone-elses"} and not launcher.__dict__.get("pending")
+    # Into its own namespace: a repository that exists and that its exports did not create is
+    # refused in the export's Ray Job, which pushes nothing there.
+    assert client.post(f"/jobs/{job}/export", json={"kind": "adapter", "hub_repo": "acme/someone-elses"}).status_code == 202
+    assert exports.run(*launcher.pending) == 1
+    (failed,) = [e for e in client.get(f"/jobs/{job}/exports").json()["data"] if e.get("hub_repo") == "acme/someone-elses"]
+    assert failed["status"] == "failed" and "not created by this tenant's exports" in failed["error"]
+    assert "acme/someone-elses" not in hub.commits
+    # A new one is created and pushed; the tenant's next push there is its own repository's.
+    for kind in ("adapter", "merged"):
+        assert client.post(f"/jobs/{job}/export", json={"kind": kind, "hub_repo": "acme/new"}).status_code == 202
+        assert exports.run(*launcher.pending) == 0
+    assert len(hub.commits["acme/new"]) == 2
+
+
+def test_exports_per_tenant_are_capped_and_reserve_their_memory(env, tmp_path, monkeypatch):
+    """Before: unbounded (20 merged exports of one tenant: 20 Ray Jobs, each loading the whole
+    base with no memory reserved)."""
+    client, store, launcher, _ = env
+    monkeypatch.setenv("EFT_EXPORTS_PER_TENANT", "1")
+    get_settings.cache_clear()
+    client.app.state.job_service.settings = get_settings()
+    first, second = _succeeded_job(client, store, tmp_path), _succeeded_job(client, store, tmp_path)
+    assert client.post(f"/jobs/{first}/export", json={"kind": "merged"}).status_code == 202
+    weights = sum(f.stat().st_size for f in BASE.glob("*.safetensors"))
+    assert launcher.memory == 2 * weights + 2**30
+    busy = client.post(f"/jobs/{second}/export", json={"kind": "merged"})
+    assert first != second and busy.status_code == 429, (first, second, busy.text)
+    assert busy.json()["error"]["code"] == "exports_limit" and busy.headers["Retry-After"]
+    assert exports.run(*launcher.pending) == 0  # the first one ends: room for the next
+    assert client.post(f"/jobs/{second}/export", json={"kind": "merged"}).status_code == 202
+    assert exports.memory_needed(str(BASE), "adapter") == 512 * 2**20  # pushing an adapter loads no base

@@ -529,3 +529,57 @@ def test_fused_lora_update_is_pefts_own(family):
     torch.testing.assert_close(layer.get_base_layer().weight, before + delta)
     layer.unmerge()
     torch.testing.assert_close(layer.get_base_layer().weight, before)
+
+
+LONG_CONVERSATION = [{"role": "user" if i % 2 == 0 else "assistant",
+                      "content": f"Turn {i}: " + ("a question?" if i % 2 == 0 else "an answer.")} for i in range(12)]
+
+
+@pytest.mark.parametrize("name", CHAT_FAMILIES)
+def test_one_pass_spans_are_the_prefix_renderings_spans(name):
+    """Masking renders the conversation once and finds each turn in order; for every family
+    and conversation shape it trains exactly the tokens the definition (rendering every prefix)
+    trains."""
+    from eft.training.chat import _shape, _spans_by_prefixes, _spans_in_order, render
+
+    tokenizer = _tokenizer(MODELS / model_name(name))
+    conversations = [(_conversation(name), None), (LONG_CONVERSATION, None),
+                     ([{"role": "user", "content": "Same."}, {"role": "assistant", "content": "Same."}], None)]
+    if name in ("llama-3.1", "qwen2.5", "qwen3"):
+        conversations.append((TOOL_CONVERSATION, TOOLS))
+    for messages, tools in conversations:
+        shape = _shape(tokenizer, tools)
+        assert shape is not None, name
+        full = render(tokenizer, messages, tools)
+        offsets = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        one_pass = [(s.start, s.end) for s in _spans_in_order(full, messages, shape)]
+        by_prefixes = [(s.start, s.end) for s in _spans_by_prefixes(tokenizer, messages, tools, full)]
+        assert len(one_pass) == len(by_prefixes) == sum(m["role"] == "assistant" for m in messages)
+        assert label_mask(offsets, one_pass) == label_mask(offsets, by_prefixes), (messages, one_pass, by_prefixes)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5", "llama-3.1", "mistral"])
+def test_masking_costs_linear_in_the_turns(name, monkeypatch):
+    """Before, each assistant turn rendered the conversation up to it twice: 10x the turns cost
+    ~100x the rendering (a 700-turn record took 22 s). Counted as characters the template
+    renders, 10x the turns now cost about 10x."""
+    tokenizer = _tokenizer(MODELS / model_name(name))
+    rendered = []
+    real = tokenizer.apply_chat_template
+
+    def counting(*args, **kwargs):
+        out = real(*args, **kwargs)
+        rendered.append(len(out) if isinstance(out, str) else 0)
+        return out
+
+    monkeypatch.setattr(tokenizer, "apply_chat_template", counting)
+    cost = {}
+    for turns in (20, 200):
+        messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Message number {i}."}
+                    for i in range(turns)]
+        tokenize_chat(tokenizer, messages)  # the template's shape is read once per tokenizer
+        rendered.clear()
+        ids, trained = tokenize_chat(tokenizer, messages)
+        cost[turns] = sum(rendered)
+        assert sum(trained) > 0
+    assert cost[200] <= 12 * cost[20], cost

@@ -1,0 +1,117 @@
+"""Work on a tenant's input in the replica's helper processes is bounded (service/isolation.py):
+a chat template that never finishes and a record that needs gigabytes are stopped at the
+helper's time and memory limits with a 422 naming the field, and while one tenant's input
+holds a helper, another tenant's create is served by another as fast as alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+
+import pytest
+
+from eft.service import isolation
+from eft.service.settings import get_settings
+from tests.helpers.app import tenant_client
+from tests.helpers.paths import REPO
+
+MODELS = REPO / "assets" / "models"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+#: A template that loops 10^10 times (Jinja's sandbox allows ranges of 10^5, not their nesting).
+ENDLESS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+@pytest.fixture
+def hub_cache(tmp_path):
+    """`acme/endless-template`: a hub model whose chat template never finishes rendering."""
+    repo = tmp_path / "hf-cache" / "models--acme--endless-template"
+    snapshot = repo / "snapshots" / COMMIT
+    shutil.copytree(MODELS / "tiny-qwen2.5", snapshot)
+    config = json.loads((snapshot / "tokenizer_config.json").read_text())
+    config["chat_template"] = ENDLESS
+    (snapshot / "tokenizer_config.json").write_text(json.dumps(config))
+    (snapshot / "chat_template.jinja").unlink(missing_ok=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return tmp_path / "hf-cache"
+
+
+@pytest.fixture
+def limited(eft_home, hub_cache, monkeypatch):
+    monkeypatch.setenv("EFT_ALLOW_HUB_MODELS", "true")
+    monkeypatch.setenv("EFT_HUB_OFFLINE", "true")
+    monkeypatch.setenv("EFT_HUB_CACHE_DIR", str(hub_cache))
+    monkeypatch.setenv("EFT_HELPER_TIME_S", "15")
+    monkeypatch.setenv("EFT_HELPER_MEMORY_MB", "700")
+    get_settings.cache_clear()
+
+
+def _chat_file(eft_home, name: str, n: int = 4) -> str:
+    (eft_home / "data" / name).write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"{name}: what is {i} plus one?"},
+        {"role": "assistant", "content": f"It is {i + 1}."}]}) + "\n" for i in range(n)))
+    return name
+
+
+def test_an_endless_chat_template_is_stopped_and_holds_no_other_tenant(limited, service, eft_home):
+    """Before: one model helper per replica with no time limit: the template held it, and every
+    tenant's create behind it, for good."""
+    client, store, settings = service
+    isolation.warm(wait=True)  # both model helpers up, as a replica warms them at start
+    other = tenant_client(client.app, store, tenant="other")
+    with other:
+        def create(name):
+            started = time.monotonic()
+            r = other.post("/jobs", json={"model": "tiny-qwen2.5", "training_file": _chat_file(eft_home, name)})
+            assert r.status_code == 201, r.text
+            return time.monotonic() - started
+
+        create("warm.jsonl")
+        alone = min(create("alone-1.jsonl"), create("alone-2.jsonl"))
+        hostile = {}
+
+        def post_hostile():
+            hostile["answer"] = client.post("/jobs", json={"model": "acme/endless-template",
+                                                           "training_file": _chat_file(eft_home, "h.jsonl")})
+
+        thread = threading.Thread(target=post_hostile)
+        started = time.monotonic()
+        thread.start()
+        time.sleep(0.5)  # let the hostile render start before measuring the other tenant
+        during = create("during.jsonl")
+        thread.join(timeout=settings.helper_time_s + 60)
+        took = time.monotonic() - started
+    assert during <= 3 * alone + 0.25, (during, alone)
+    answer = hostile["answer"]
+    assert answer.status_code == 422, answer.text
+    (problem,) = answer.json()["error"]["errors"]
+    assert problem["code"] == "input_too_costly" and problem["param"] == "training_file"
+    assert "15 s" in problem["message"]
+    assert took < settings.helper_time_s + 10
+    # The killed helper was replaced: the next create that needs one is served.
+    assert create("after.jsonl") < 60
+
+
+def test_a_record_that_needs_too_much_memory_is_stopped(limited, service, eft_home):
+    """A scan whose helper passes EFT_HELPER_MEMORY_MB (here one 300 MB record) is a 422
+    naming the file; the replica's own memory is untouched and the next scan is served."""
+    import resource
+
+    client, store, settings = service
+    big = eft_home / "data" / "big.jsonl"
+    with open(big, "w") as f:
+        f.write('{"text": "')
+        for _ in range(300):
+            f.write("x" * 2**20)
+        f.write('"}\n')
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    refused = client.post("/jobs", json={"model": "tiny-llama", "training_file": "big.jsonl"})
+    assert refused.status_code == 422, refused.text
+    problems = refused.json()["error"]["errors"]
+    assert [(p["param"], p["code"]) for p in problems] == [("training_file", "input_too_costly")], problems
+    assert "700 MB" in problems[0]["message"]
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 100
+    ok = client.post("/jobs", json={"model": "tiny-llama", "training_file": _chat_file(eft_home, "fine.jsonl")})
+    assert ok.status_code == 201, ok.text
