@@ -5,6 +5,12 @@ Face cache and plans and tokenises from that snapshot; the job then carries the 
 and the commit it resolved to, and every worker loads exactly that revision through the same
 cache (one download per node, or one in all on a shared cache directory). Without network, or
 with `hub_offline`, only what the cache holds resolves; anything else is a 422 at once.
+
+Tenants do not borrow the operator's Hugging Face token: a Hub id is fetched anonymously (by the
+service and the workers alike) unless the operator lets the tenant read that repository or
+organisation with it (`EFT_HUB_READ_REPOS`). What the service downloads for a request is
+sized from the Hub's listing first (`EFT_HUB_MAX_SERVICE_BYTES` for a model's files,
+`EFT_MAX_DATASET_BYTES` for a dataset's) and fetched in a helper process under its time limit.
 """
 
 from __future__ import annotations
@@ -20,9 +26,45 @@ from eft.service.settings import Settings
 SERVICE_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.*"]
 
 
+def read_token(repo_id: str, settings: Settings) -> str | bool:
+    """The operator's token where the tenant of this request may read `repo_id` with it
+    (`EFT_HUB_READ_REPOS`: the repository, or its organisation as `org/*`); else False, which
+    huggingface_hub takes as: send no token."""
+    from eft.service import isolation
+    from eft.service.exports import hub_token
+
+    tenant = isolation.tenant.get()
+    patterns = settings.hub_read_repos.get(tenant, []) if tenant else []
+    if any(repo_id == p or (p.endswith("/*") and repo_id.startswith(p[:-1])) for p in patterns):
+        return hub_token() or False
+    return False
+
+
+def _listed_bytes(repo_id: str, repo_type: str, revision: str | None, patterns: list[str], token: str | bool,
+                  endpoint: str | None, timeout: float) -> int:
+    """What the files of `repo_id` that match `patterns` weigh, from the Hub's listing."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import filter_repo_objects
+
+    info = HfApi(endpoint=endpoint, token=token).repo_info(repo_id, repo_type=repo_type, revision=revision,
+                                                          files_metadata=True, timeout=timeout)
+    chosen = filter_repo_objects(info.siblings or [], allow_patterns=patterns, key=lambda f: f.rfilename)
+    return sum(f.size or 0 for f in chosen)
+
+
 def snapshot(repo_id: str, settings: Settings, revision: str | None = None) -> tuple[Path | None, Problem | None]:
     """The local snapshot directory of `repo_id` at `revision` (default: the main branch's
-    current commit), or the problem naming why it cannot be had."""
+    current commit), or the problem naming why it cannot be had: fetched in a helper process
+    (service/isolation.py), with the operator's token only where the tenant may use it."""
+    from eft.service import isolation
+
+    return isolation.run(_snapshot, repo_id, revision, read_token(repo_id, settings), settings.hub_endpoint,
+                         settings.hub_cache_dir, settings.hub_offline, settings.hub_timeout_s,
+                         settings.hub_max_service_bytes, param="model")
+
+
+def _snapshot(repo_id: str, revision: str | None, token: str | bool, endpoint: str | None, cache_dir: Path | None,
+              offline: bool, timeout: float, most_bytes: int) -> tuple[Path | None, Problem | None]:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -32,22 +74,30 @@ def snapshot(repo_id: str, settings: Settings, revision: str | None = None) -> t
     )
 
     try:
+        if not offline:
+            size = _listed_bytes(repo_id, "model", revision, SERVICE_FILES, token, endpoint, timeout)
+            if size > most_bytes:
+                return None, Problem("model", "hub_files_too_large",
+                                     f"{repo_id!r} has {size:,} bytes of config, tokenizer and template files, more "
+                                     f"than the {most_bytes:,} this server reads for a request "
+                                     "(EFT_HUB_MAX_SERVICE_BYTES)")
         path = snapshot_download(
-            repo_id, revision=revision, allow_patterns=SERVICE_FILES,
-            cache_dir=settings.hub_cache_dir, local_files_only=settings.hub_offline,
-            etag_timeout=settings.hub_timeout_s,
+            repo_id, revision=revision, allow_patterns=SERVICE_FILES, cache_dir=cache_dir,
+            local_files_only=offline, etag_timeout=timeout, token=token, endpoint=endpoint,
         )
     except GatedRepoError:
         return None, Problem("model", "hub_model_gated",
-                             f"{repo_id!r} is gated on the Hugging Face Hub: accept its license and "
-                             "set HF_TOKEN for the service and the workers")
+                             f"{repo_id!r} is gated on the Hugging Face Hub: the operator lets a tenant read it "
+                             "with the service's token (EFT_HUB_READ_REPOS) once the license is accepted")
     except RevisionNotFoundError:
         return None, Problem("model", "hub_revision_not_found", f"{repo_id!r} has no revision {revision!r}")
     except RepositoryNotFoundError:
         return None, Problem("model", "hub_model_not_found",
-                             f"no model {repo_id!r} on the Hugging Face Hub (or it is private: set HF_TOKEN)")
+                             f"no model {repo_id!r} on the Hugging Face Hub that this tenant may read (a private "
+                             "one is read with the service's token only where the operator allows it: "
+                             "EFT_HUB_READ_REPOS)")
     except LocalEntryNotFoundError:
-        where = settings.hub_cache_dir or "the Hugging Face cache"
+        where = cache_dir or "the Hugging Face cache"
         return None, Problem("model", "hub_unreachable",
                              f"{repo_id!r} is not in {where} and the Hub cannot be reached from the "
                              "service (offline): download it once where there is network (for example "
@@ -59,13 +109,16 @@ def snapshot(repo_id: str, settings: Settings, revision: str | None = None) -> t
 
 def hub_source(model_path: str, settings: Settings) -> dict[str, Any] | None:
     """For a snapshot directory of the Hugging Face cache (`.../models--org--name/snapshots/
-    <commit>`), how workers load it: repository id, pinned revision and the cache; else None."""
+    <commit>`), how workers load it: repository id, pinned revision, the cache, and whether
+    with their node's token (`use_token`: only where this tenant may read it with it); else None."""
     path = Path(model_path)
     repo = path.parent.parent
     if path.parent.name != "snapshots" or not repo.name.startswith("models--"):
         return None
-    return {"repo_id": repo.name[len("models--"):].replace("--", "/"), "revision": path.name,
-            "cache_dir": str(repo.parent), "local_files_only": settings.hub_offline}
+    repo_id = repo.name[len("models--"):].replace("--", "/")
+    return {"repo_id": repo_id, "revision": path.name, "cache_dir": str(repo.parent),
+            "local_files_only": settings.hub_offline, "use_token": bool(read_token(repo_id, settings)),
+            "endpoint": settings.hub_endpoint}
 
 
 #: `hf://datasets/<owner>/<name>[@<revision>][/<path in the repository>]`
@@ -75,26 +128,43 @@ DATA_PATTERNS = ["*.jsonl", "*.json", "*.parquet", "*.csv", "**/*.jsonl", "**/*.
 
 def dataset_file(value: str, param: str, settings: Settings) -> tuple[Path | None, Problem | None]:
     """The local file a hub dataset reference names, fetched into the Hugging Face cache at a
-    pinned commit (the path holds it). Without a file part the repository must hold exactly one
-    data file with "train" in its name (or one data file in all)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    pinned commit (the path holds it) in a helper process, with the operator's token only where
+    the tenant may use it. Without a file part the repository must hold exactly one data file
+    with "train" in its name (or one data file in all)."""
+    from eft.service import isolation
 
     match = HUB_DATASET.match(value)
     if match is None:
         return None, Problem(param, "invalid_hub_dataset", "write a hub dataset as "
                              "hf://datasets/<owner>/<name>[@<revision>][/<file>]")
-    repo, revision, file = match["repo"], match["rev"], match["file"]
+    return isolation.run(_dataset_file, match["repo"], match["rev"], match["file"], param,
+                         read_token(match["repo"], settings), settings.hub_endpoint, settings.hub_cache_dir,
+                         settings.hub_offline, settings.hub_timeout_s, settings.max_dataset_bytes, param=param)
+
+
+def _dataset_file(repo: str, revision: str | None, file: str | None, param: str, token: str | bool,
+                  endpoint: str | None, cache_dir: Path | None, offline: bool, timeout: float,
+                  most_bytes: int) -> tuple[Path | None, Problem | None]:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    patterns = [file] if file else DATA_PATTERNS
     try:
-        root = Path(snapshot_download(repo, repo_type="dataset", revision=revision,
-                                      allow_patterns=[file] if file else DATA_PATTERNS,
-                                      cache_dir=settings.hub_cache_dir, local_files_only=settings.hub_offline,
-                                      etag_timeout=settings.hub_timeout_s))
+        if not offline:
+            size = _listed_bytes(repo, "dataset", revision, patterns, token, endpoint, timeout)
+            if size > most_bytes:
+                return None, Problem(param, "file_too_large", f"dataset {repo!r} has {size:,} bytes of data files, "
+                                     f"more than {most_bytes:,} (EFT_MAX_DATASET_BYTES): name one file, as "
+                                     f"hf://datasets/{repo}/<file>")
+        root = Path(snapshot_download(repo, repo_type="dataset", revision=revision, allow_patterns=patterns,
+                                      cache_dir=cache_dir, local_files_only=offline, etag_timeout=timeout,
+                                      token=token, endpoint=endpoint))
     except RevisionNotFoundError:
         return None, Problem(param, "hub_revision_not_found", f"dataset {repo!r} has no revision {revision!r}")
     except RepositoryNotFoundError:
-        return None, Problem(param, "hub_dataset_not_found", f"no dataset {repo!r} on the Hugging Face Hub "
-                             "(or it is private or gated: set HF_TOKEN)")
+        return None, Problem(param, "hub_dataset_not_found", f"no dataset {repo!r} on the Hugging Face Hub that "
+                             "this tenant may read (a private or gated one is read with the service's token only "
+                             "where the operator allows it: EFT_HUB_READ_REPOS)")
     except LocalEntryNotFoundError:
         return None, Problem(param, "hub_unreachable", f"dataset {repo!r} is not in the Hugging Face cache "
                              "and the Hub cannot be reached (offline): download it once where there is "

@@ -246,7 +246,8 @@ class Settings(BaseSettings):
         20 * 1024**3, ge=1, description="Bytes of uploads a tenant may keep (413 past it)."
     )
     hub_endpoint: str | None = Field(
-        None, description="The Hugging Face Hub exports push to (default: huggingface.co; a private Hub's URL)."
+        None, description="The Hugging Face Hub that Hub ids are read from and exports push to (default: "
+        "huggingface.co; a private Hub's URL)."
     )
     hub_push_namespaces: dict[str, list[str]] = Field(
         default_factory=dict, description="Hub namespaces (users or organisations) each tenant's exports may "

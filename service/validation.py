@@ -617,8 +617,10 @@ def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[
 def _validate_outcome(job: JobRecord, settings: Settings) -> tuple[str, Any]:
     """`validate_job` in a helper process, its expected refusals returned as plain data (the
     exceptions do not pickle as they are)."""
+    from eft.service import isolation
     from eft.training.errors import TrainingUserError
 
+    isolation.tenant.set(job.tenant)  # whose Hub reads these are (service/hub.py)
     try:
         return "ok", validate_job(job, settings)
     except TrainingUserError as exc:

@@ -64,16 +64,19 @@ def pretrained_path(cfg: TrainConfig) -> str:
 def hub_path(hub: dict[str, Any]) -> str:
     """The local snapshot of a pinned hub model ({"repo_id", "revision", "cache_dir",
     "local_files_only"}), fetched once per process."""
-    return _hub_snapshot(hub["repo_id"], hub["revision"], hub.get("cache_dir"), bool(hub.get("local_files_only")))
+    return _hub_snapshot(hub["repo_id"], hub["revision"], hub.get("cache_dir"), bool(hub.get("local_files_only")),
+                         bool(hub.get("use_token", True)), hub.get("endpoint"))
 
 
 @functools.lru_cache(maxsize=4)
-def _hub_snapshot(repo_id: str, revision: str, cache_dir: str | None, local_files_only: bool) -> str:
-    """One fetch per process for the tokenizer and the model alike."""
+def _hub_snapshot(repo_id: str, revision: str, cache_dir: str | None, local_files_only: bool,
+                  use_token: bool = True, endpoint: str | None = None) -> str:
+    """One fetch per process for the tokenizer and the model alike: with the node's token
+    (HF_TOKEN) only where the service said the job's tenant may read the repository with it."""
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
-                             local_files_only=local_files_only, allow_patterns=HUB_FILES)
+    return snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
+                             allow_patterns=HUB_FILES, token=None if use_token else False, endpoint=endpoint)
 
 
 def peft_target_modules(spec: LoraSpec) -> str | list[str]:

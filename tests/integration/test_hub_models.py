@@ -100,3 +100,63 @@ def test_hub_datasets_resolve_through_the_cache_at_a_pinned_commit(client, hub_c
     missing = c.post("/jobs", json={"model": "acme/tiny-qwen", "training_file": "hf://datasets/acme/none"})
     problem = missing.json()["error"]["errors"][0]
     assert missing.status_code == 422 and problem["code"] == "hub_unreachable" and problem["param"] == "training_file"
+
+
+@pytest.fixture
+def online_hub(eft_home, tmp_path, monkeypatch):
+    """The service reading Hub ids from a Hub on loopback, with an operator token set."""
+    from tests.helpers.hub import FakeHub
+
+    fake = FakeHub()
+    tokenizer_files = MODELS / "tiny-qwen2.5"
+    fake.add("acme/private-model", tokenizer_files, private=True)
+    fake.add("public/model", tokenizer_files)
+    fake.add("public/huge-tokenizer", tokenizer_files, sizes={"tokenizer.json": 500 * 2**20})
+    monkeypatch.setenv("HF_TOKEN", fake.token)
+    monkeypatch.setenv("EFT_ALLOW_HUB_MODELS", "true")
+    monkeypatch.setenv("EFT_HUB_OFFLINE", "false")
+    monkeypatch.setenv("EFT_HUB_CACHE_DIR", str(tmp_path / "hf-online-cache"))
+    monkeypatch.setenv("EFT_HUB_ENDPOINT", fake.url)
+    get_settings.cache_clear()
+    (eft_home / "data" / "chat.jsonl").write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"What is {i} plus one?"},
+        {"role": "assistant", "content": f"It is {i + 1}."}]}) + "\n" for i in range(6)))
+    yield fake
+    fake.close()
+
+
+def test_hub_ids_are_read_without_the_operators_token_unless_allowed(online_hub, service, monkeypatch):
+    """Before: every Hub id was fetched with the operator's HF_TOKEN, so a tenant trained on
+    (and downloaded) the operator's private model."""
+    client, store, settings = service
+    private = client.post("/jobs", json={"model": "acme/private-model", "training_file": "chat.jsonl"})
+    assert private.status_code == 422, private.text
+    (problem,) = private.json()["error"]["errors"]
+    assert problem["param"] == "model" and problem["code"] == "hub_model_not_found"
+    assert "EFT_HUB_READ_REPOS" in problem["message"]
+    assert online_hub.requests and not online_hub.sent_token()  # asked anonymously
+    public = client.post("/jobs", json={"model": "public/model", "training_file": "chat.jsonl"})
+    assert public.status_code == 201, public.text
+    assert not online_hub.sent_token()
+    validate_pending(store, settings)
+    job = store.get_job(public.json()["id"])
+    assert job.status.value == "queued", job.error_message
+    assert job.config["hub"]["use_token"] is False  # and the workers fetch it anonymously too
+    # The operator lets this tenant read its organisation with the token.
+    monkeypatch.setenv("EFT_HUB_READ_REPOS", '{"default": ["acme/*"]}')
+    get_settings.cache_clear()
+    client.app.state.job_service.settings = get_settings()
+    allowed = client.post("/jobs", json={"model": "acme/private-model", "training_file": "chat.jsonl"})
+    assert allowed.status_code == 201, allowed.text
+    assert online_hub.sent_token()
+    validate_pending(store, client.app.state.job_service.settings)
+    assert store.get_job(allowed.json()["id"]).config["hub"]["use_token"] is True
+
+
+def test_a_hub_models_files_are_sized_from_the_listing_before_any_download(online_hub, service):
+    client, *_ = service
+    refused = client.post("/jobs", json={"model": "public/huge-tokenizer", "training_file": "chat.jsonl"})
+    assert refused.status_code == 422, refused.text
+    (problem,) = refused.json()["error"]["errors"]
+    assert problem["code"] == "hub_files_too_large" and problem["param"] == "model"
+    assert not [p for method, p, _ in online_hub.requests if "/resolve/" in p]  # nothing downloaded
