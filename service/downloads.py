@@ -1,7 +1,9 @@
 """What a job wrote, file by file, for download through the API: the published artifact of a
 succeeded job, or one of its kept checkpoints, from any storage the service supports (a
 directory, an object store). Each file is listed with its size and SHA-256, which the clients
-check after the download; a file's hash is computed once per version (path, size, mtime)."""
+check after the download: an artifact's hashes are those its publish recorded in its commit
+marker (no API thread reads its bytes to list it); a checkpoint's are computed once per
+version of a file (path, size, mtime)."""
 
 from __future__ import annotations
 
@@ -42,9 +44,37 @@ def location_of(job: JobRecord, checkpoints: list[dict[str, Any]], step: int | N
                            "list them with GET /jobs/{id}/checkpoints", param="checkpoint")
 
 
-def _entry(place_uri: str, info: pafs.FileInfo, root: str) -> dict[str, Any]:
-    return {"path": info.path[len(root):], "bytes": info.size,
-            "sha256": _sha256(place_uri, info.path, info.size, info.mtime_ns)}
+def _entry(place_uri: str, info: pafs.FileInfo, root: str, recorded: dict[str, tuple[int, str]]) -> dict[str, Any]:
+    relative = info.path[len(root):]
+    size, sha = recorded.get(relative, (None, None))
+    if size != info.size or not sha:
+        sha = _sha256(place_uri, info.path, info.size, info.mtime_ns)
+    return {"path": relative, "bytes": info.size, "sha256": sha}
+
+
+def _recorded(place: Any) -> dict[str, tuple[int, str]]:
+    """{relative path: (size, SHA-256)} as the publish of what is at `place` recorded them in
+    its commit marker (none for a checkpoint, or an artifact published before it did)."""
+    from eft.training.artifacts import COMMIT_MARKER
+
+    info = place.filesystem.get_file_info(place.child(COMMIT_MARKER).path)
+    if info.type != pafs.FileType.File:
+        return {}
+    return _read_marker(place.uri, info.path, info.size, info.mtime_ns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_marker(uri: str, path: str, _size: int, _mtime_ns: int | None) -> dict[str, tuple[int, str]]:
+    import json
+
+    from eft.training import storage
+
+    try:
+        marker = json.loads(storage.read_text(storage.resolve(uri).filesystem, path) or "{}")
+    except ValueError:
+        return {}
+    sizes, hashes = marker.get("files") or {}, marker.get("sha256") or {}
+    return {name: (sizes.get(name), sha) for name, sha in hashes.items() if isinstance(sha, str)}
 
 
 def list_files(location: str) -> list[dict[str, Any]]:
@@ -56,7 +86,8 @@ def list_files(location: str) -> list[dict[str, Any]]:
     infos = sorted((i for i in place.filesystem.get_file_info(selector) if i.type == pafs.FileType.File),
                    key=lambda i: i.path)
     root = place.path.rstrip("/") + "/"
-    return [_entry(place.uri, i, root) for i in infos]
+    recorded = _recorded(place)
+    return [_entry(place.uri, i, root, recorded) for i in infos]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -92,7 +123,7 @@ def open_file(location: str, relative: str) -> tuple[dict[str, Any], Iterator[by
     if info is None or info.type != pafs.FileType.File:
         raise ArtifactNotFound(f"no file {relative!r} here: list the files with GET /jobs/{{id}}/artifacts",
                                param="path")
-    entry = _entry(place.uri, info, place.path.rstrip("/") + "/")
+    entry = _entry(place.uri, info, place.path.rstrip("/") + "/", _recorded(place))
 
     def chunks() -> Iterator[bytes]:
         with place.filesystem.open_input_stream(info.path) as fh:

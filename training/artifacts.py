@@ -143,15 +143,17 @@ def publish(adapter_dir: Path, destination: str | Path, manifest: dict[str, Any]
     staging = f"{parent}/.staging/{name}-{uuid.uuid4().hex[:12]}"
     pafs.copy_files(str(adapter_dir), staging, source_filesystem=pafs.LocalFileSystem(),
                     destination_filesystem=fs)
-    storage.write_text(fs, f"{staging}/{MANIFEST}", json.dumps(manifest, indent=2, default=str))
+    manifest_text = json.dumps(manifest, indent=2, default=str)
+    storage.write_text(fs, f"{staging}/{MANIFEST}", manifest_text)
     files = _listing(fs, staging)
+    hashes = _hashes(adapter_dir, manifest_text)
     # Withdraw the previous artifact's marker first, so no reader trusts a mix of the two.
     if _exists(fs, f"{location.path}/{COMMIT_MARKER}"):
         fs.delete_file(f"{location.path}/{COMMIT_MARKER}")
     fs.delete_dir_contents(location.path, missing_dir_ok=True)
     for relative in files:
         fs.copy_file(f"{staging}/{relative}", f"{location.path}/{relative}")
-    storage.write_text(fs, f"{location.path}/{COMMIT_MARKER}", json.dumps({"files": files}))
+    storage.write_text(fs, f"{location.path}/{COMMIT_MARKER}", json.dumps({"files": files, "sha256": hashes}))
     fs.delete_dir(staging)
     return location.uri
 
@@ -161,15 +163,27 @@ def _publish_local(adapter_dir: Path, destination: Path, manifest: dict[str, Any
     staging = destination.parent / f".{destination.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(adapter_dir, staging)
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+    manifest_text = json.dumps(manifest, indent=2, default=str)
+    (staging / MANIFEST).write_text(manifest_text)
     fs = pafs.LocalFileSystem()
-    (staging / COMMIT_MARKER).write_text(json.dumps({"files": _listing(fs, str(staging))}))
+    (staging / COMMIT_MARKER).write_text(json.dumps({"files": _listing(fs, str(staging)),
+                                                     "sha256": _hashes(adapter_dir, manifest_text)}))
     if destination.exists():
         retired = destination.parent / f".{destination.name}.old-{os.getpid()}"
         os.replace(destination, retired)
         shutil.rmtree(retired, ignore_errors=True)
     os.replace(staging, destination)
     return str(destination)
+
+
+def _hashes(directory: Path, manifest_text: str) -> dict[str, str]:
+    """{relative path: SHA-256} of the files published from `directory` and of the manifest:
+    computed once here and kept in the commit marker, so that listing an artifact for download
+    reads them instead of reading every byte again."""
+    found = {p.relative_to(directory).as_posix(): file_sha256(p) for p in sorted(directory.rglob("*"))
+             if p.is_file() and p.name not in (MANIFEST, COMMIT_MARKER)}
+    found[MANIFEST] = hashlib.sha256(manifest_text.encode()).hexdigest()
+    return found
 
 
 def _exists(fs: pafs.FileSystem, path: str) -> bool:

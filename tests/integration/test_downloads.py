@@ -145,3 +145,32 @@ def test_a_path_no_file_system_holds_is_a_404_naming_it(env):
         assert r.status_code == 404, (path[:20], r.status_code, r.text[:200])
         assert r.json()["error"]["code"] == "artifact_not_found" and r.json()["error"]["param"] == "path"
     assert client.get(f"/jobs/{job['id']}/artifacts/adapter_config.json").status_code == 200
+
+
+def test_an_artifacts_hashes_are_computed_once_at_publish(tmp_path, monkeypatch):
+    """Before: listing an artifact read every byte of it to hash it, on an API thread, on each
+    replica's first listing (another tenant's GET /jobs waited 8-18 s behind large ones). Now
+    its publish records the hashes in the commit marker and a listing reads them; a file that
+    changed since (its size differs) is hashed again."""
+    from eft.service import downloads
+    from eft.training.artifacts import COMMIT_MARKER, publish
+
+    source = _adapter(tmp_path / "adapter")
+    target = publish(source, tmp_path / "published", {"job_id": "ftjob-x"})
+    hashed = []
+    real = downloads._sha256.__wrapped__
+
+    def counting(uri, path, size, mtime_ns):
+        hashed.append(path.rsplit("/", 1)[-1])
+        return real(uri, path, size, mtime_ns)
+
+    monkeypatch.setattr(downloads, "_sha256", counting)
+    listing = downloads.list_files(target)
+    on_disk = {str(p.relative_to(target)): p for p in (tmp_path / "published").rglob("*") if p.is_file()}
+    assert {f["path"] for f in listing} == set(on_disk)
+    for f in listing:
+        assert f["sha256"] == hashlib.sha256(on_disk[f["path"]].read_bytes()).hexdigest(), f["path"]
+    assert hashed == [COMMIT_MARKER]  # only the marker itself (a few hundred bytes)
+    (tmp_path / "published" / "adapter_config.json").write_text("{}")  # changed after publish
+    changed = {f["path"]: f["sha256"] for f in downloads.list_files(target)}
+    assert changed["adapter_config.json"] == hashlib.sha256(b"{}").hexdigest()
