@@ -20,6 +20,8 @@ class Receiver:
         self.codes: list[int] = []
         self.check = check
         self.checked: list[Any] = []
+        self.delay_s = 0.0  # how long it takes to answer (a receiver doing its work)
+        self.answered = threading.Event()  # set when an answer has been sent
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,8 +35,11 @@ class Receiver:
                         receiver.checked.append(receiver.check(headers, body))
                     except Exception as error:  # noqa: BLE001 - kept for the test to assert on
                         receiver.checked.append(error)
+                if receiver.delay_s:
+                    threading.Event().wait(receiver.delay_s)
                 self.send_response(receiver.codes.pop(0) if receiver.codes else 200)
                 self.end_headers()
+                receiver.answered.set()
 
             def log_message(self, *args):
                 pass

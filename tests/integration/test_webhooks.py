@@ -476,3 +476,55 @@ def test_tenants_and_endpoints_take_turns(setup, receiver, eft_home):
     assert len(receiver.paths) == 3
     tenants = sorted(p.rsplit("/", 1)[-1][0] for p in receiver.paths)
     assert tenants == ["a", "a", "b"], tenants  # the default tenant's share is 2 at once
+
+
+def test_a_tenants_stalling_receivers_do_not_delay_another_tenants_deliveries(setup, receiver, monkeypatch):
+    """The sender as a replica runs it: tenant "default" has four endpoints that drip their
+    answers; the other tenant's delivery takes about as long as alone (before: behind every
+    dripping attempt, one at a time)."""
+    import threading
+    import time
+
+    from tests.helpers.app import tenant_client
+
+    client, store, settings, _ = setup
+    fast = settings.model_copy(update={"webhook_timeout_s": 3.0, "webhook_poll_interval_s": 0.05})
+    sender = WebhookSender(store.engine, fast)
+    thread = threading.Thread(target=sender.run_forever, daemon=True)
+    thread.start()
+    stop = threading.Event()
+
+    def drip(conn):
+        _read_request(conn)
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 60:
+            if stop.wait(0.2):
+                return
+            conn.sendall(bytes([byte]))
+
+    listeners = [_Listener(drip) for _ in range(4)]
+    receiver.delay_s = 0.3
+    other = tenant_client(client.app, store, tenant="other")
+    try:
+        with other:
+            other.post("/webhooks", json={"url": receiver.url})
+
+            def latency():
+                receiver.answered.clear()
+                started = time.monotonic()
+                _paused_job(other, store)
+                assert receiver.answered.wait(60)
+                return time.monotonic() - started
+
+            alone = min(latency(), latency())
+            for listener in listeners:
+                client.post("/webhooks", json={"url": f"http://127.0.0.1:{listener.port}/hook"})
+            _paused_job(client, store)  # four deliveries that each hold an attempt for its deadline
+            time.sleep(0.2)  # the sender has taken them up
+            during = latency()
+    finally:
+        stop.set()
+        sender.close()
+        for listener in listeners:
+            listener.close()
+    print(f"alone {alone:.2f} s, during {during:.2f} s")
+    assert during <= 3 * alone, (during, alone)
