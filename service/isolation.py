@@ -30,6 +30,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, TypeVar
 
+from eft.service.errors import Problem, RequestInvalid, ServiceError
+
 T = TypeVar("T")
 #: Helpers per pool. Scans of different requests run side by side; jobs are validated one at a
 #: time (the scheduler's pass is sequential) by one helper, which keeps the tokenizers and
@@ -57,6 +59,22 @@ class LimitExceeded(Exception):
     def __init__(self, what: str):
         super().__init__(what)
         self.what = what
+
+
+class Busy(Exception):
+    """No helper came free in time (every one is working on others' input)."""
+
+
+class HelpersBusy(ServiceError):
+    """503 with Retry-After: no helper came free within the call's time limit."""
+
+    status_code = 503
+    type = "server_error"
+    code = "server_busy"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.headers = {"Retry-After": "5"}
 
 
 class _Slot:
@@ -105,7 +123,7 @@ class _Pool:
         """A free helper (started if none is), once `who` is within its share."""
         with self.cond:
             if not self.cond.wait_for(lambda: self._share(who) and (self.idle or self.started < self.size), wait_s):
-                raise LimitExceeded(f"no helper of this server came free within {wait_s:g} s")
+                raise Busy(f"no helper of this server came free within {wait_s:g} s")
             self.held[who] = self.held.get(who, 0) + 1
             if self.idle:
                 return self.idle.pop()
@@ -172,8 +190,6 @@ def run(fn: Callable[..., T], *args: Any, pool: str = "scan", param: str = "trai
     replaced and the call made once more."""
     if _in_helper:
         return fn(*args, **kwargs)
-    from eft.service.errors import Problem, RequestInvalid
-
     seconds, memory = _limits(pool)
     who, helpers = tenant.get(), _pool(pool)
     try:
@@ -192,6 +208,8 @@ def run(fn: Callable[..., T], *args: Any, pool: str = "scan", param: str = "trai
             finally:
                 helpers.release(slot, who)
         raise AssertionError("unreachable")
+    except Busy as exc:
+        raise HelpersBusy(f"this server is checking other requests' input: {exc}; try again shortly") from None
     except LimitExceeded as exc:
         raise RequestInvalid(problems=[Problem(
             param, "input_too_costly", f"checking this input was stopped: {exc.what}, the most this server "

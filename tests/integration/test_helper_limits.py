@@ -43,7 +43,6 @@ def limited(eft_home, hub_cache, monkeypatch):
     monkeypatch.setenv("EFT_ALLOW_HUB_MODELS", "true")
     monkeypatch.setenv("EFT_HUB_OFFLINE", "true")
     monkeypatch.setenv("EFT_HUB_CACHE_DIR", str(hub_cache))
-    monkeypatch.setenv("EFT_HELPER_TIME_S", "15")
     monkeypatch.setenv("EFT_HELPER_MEMORY_MB", "700")
     get_settings.cache_clear()
 
@@ -55,7 +54,7 @@ def _chat_file(eft_home, name: str, n: int = 4) -> str:
     return name
 
 
-def test_an_endless_chat_template_is_stopped_and_holds_no_other_tenant(limited, service, eft_home):
+def test_an_endless_chat_template_is_stopped_and_holds_no_other_tenant(limited, service, eft_home, monkeypatch):
     """Before: one model helper per replica with no time limit: the template held it, and every
     tenant's create behind it, for good."""
     client, store, settings = service
@@ -68,8 +67,17 @@ def test_an_endless_chat_template_is_stopped_and_holds_no_other_tenant(limited, 
             assert r.status_code == 201, r.text
             return time.monotonic() - started
 
-        create("warm.jsonl")
+        # Both model helpers load the model's tokenizer (two tenants at once take both).
+        warming = threading.Thread(target=lambda: client.post("/jobs", json={
+            "model": "tiny-qwen2.5", "training_file": _chat_file(eft_home, "warm-default.jsonl")}))
+        warming.start()
+        create("warm-other.jsonl")
+        warming.join()
         alone = min(create("alone-1.jsonl"), create("alone-2.jsonl"))
+        # The limit, once the helpers have loaded what they keep (a first look at a model
+        # imports its classes: seconds on a busy machine).
+        monkeypatch.setenv("EFT_HELPER_TIME_S", "15")
+        get_settings.cache_clear()
         hostile = {}
 
         def post_hostile():
@@ -81,15 +89,16 @@ def test_an_endless_chat_template_is_stopped_and_holds_no_other_tenant(limited, 
         thread.start()
         time.sleep(0.5)  # let the hostile render start before measuring the other tenant
         during = create("during.jsonl")
-        thread.join(timeout=settings.helper_time_s + 60)
+        thread.join(timeout=15 + 60)
         took = time.monotonic() - started
+    print(f"another tenant's create: alone {alone:.3f} s, beside the endless template {during:.3f} s")
     assert during <= 3 * alone + 0.25, (during, alone)
     answer = hostile["answer"]
     assert answer.status_code == 422, answer.text
     (problem,) = answer.json()["error"]["errors"]
     assert problem["code"] == "input_too_costly" and problem["param"] == "training_file"
     assert "15 s" in problem["message"]
-    assert took < settings.helper_time_s + 10
+    assert took < 15 + 10
     # The killed helper was replaced: the next create that needs one is served.
     assert create("after.jsonl") < 60
 
