@@ -15,6 +15,7 @@ sized from the Hub's listing first (`EFT_HUB_MAX_SERVICE_BYTES` for a model's fi
 
 from __future__ import annotations
 
+import contextvars
 import re
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,11 @@ from eft.service.settings import Settings
 
 #: What the service reads of a hub model; the weights are the workers' to fetch.
 SERVICE_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.*"]
+
+
+#: The operator's token as the replica has it, handed to a helper process with the work (a helper
+#: spawned before the replica loaded its secrets would not find it in its own environment).
+operator_token: contextvars.ContextVar[str | None] = contextvars.ContextVar("eft_hub_operator_token", default=None)
 
 
 def read_token(repo_id: str, settings: Settings) -> str | bool:
@@ -36,7 +42,7 @@ def read_token(repo_id: str, settings: Settings) -> str | bool:
     tenant = isolation.tenant.get()
     patterns = settings.hub_read_repos.get(tenant, []) if tenant else []
     if any(repo_id == p or (p.endswith("/*") and repo_id.startswith(p[:-1])) for p in patterns):
-        return hub_token() or False
+        return operator_token.get() or hub_token() or False
     return False
 
 

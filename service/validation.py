@@ -614,13 +614,14 @@ def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[
     return build_train_config(job.id, req, inputs, len(lengths), settings, init), stats
 
 
-def _validate_outcome(job: JobRecord, settings: Settings) -> tuple[str, Any]:
+def _validate_outcome(job: JobRecord, settings: Settings, hub_token: str | None = None) -> tuple[str, Any]:
     """`validate_job` in a helper process, its expected refusals returned as plain data (the
     exceptions do not pickle as they are)."""
-    from eft.service import isolation
+    from eft.service import hub, isolation
     from eft.training.errors import TrainingUserError
 
     isolation.tenant.set(job.tenant)  # whose Hub reads these are (service/hub.py)
+    hub.operator_token.set(hub_token)
     try:
         return "ok", validate_job(job, settings)
     except TrainingUserError as exc:
@@ -634,9 +635,10 @@ def validate_job_isolated(job: JobRecord, settings: Settings) -> tuple[TrainConf
     dataset is seconds of pure Python that, in the scheduler's thread, would hold the GIL the
     replica's event loop needs for every request. Raises as `validate_job` does."""
     from eft.service import isolation
+    from eft.service.exports import hub_token
     from eft.training.errors import TrainingUserError
 
-    kind, value = isolation.run(_validate_outcome, job, settings, pool="validate", param="training_file")
+    kind, value = isolation.run(_validate_outcome, job, settings, hub_token(), pool="validate", param="training_file")
     if kind == "user_error":
         raise TrainingUserError(*value)
     if kind == "invalid":
