@@ -217,15 +217,15 @@ def run(fn: Callable[..., T], *args: Any, pool: str = "scan", param: str = "trai
 
 
 def warm(wait: bool = False) -> None:
-    """Start every validating and model helper now, in the background (or, with `wait`, before
+    """Start a validating and a model helper now, in the background (or, with `wait`, before
     returning), with what checking a job imports: spawning one (an interpreter, torch,
     transformers: seconds of CPU) would otherwise delay the first job a replica validates, and
-    the first create that asks a model helper about the model (each tenant's share among them
-    holds only when every helper is up). The scan helpers start on first use: warming them too
-    would take that much CPU again from whatever the node runs meanwhile."""
+    the first create that asks a model helper about the model. The second model helper and the
+    scan helpers start on first use (when two tenants ask at once): warming them too would take
+    that much CPU again from whatever the node runs meanwhile."""
     threads = [threading.Thread(target=run, args=(_import_validation,), kwargs={"pool": pool},
                                 name=f"eft-isolation-warm-{pool}", daemon=True)
-               for pool in ("model", "validate") for _ in range(POOLS[pool])]
+               for pool in ("model", "validate")]
     for thread in threads:
         thread.start()
     for thread in threads if wait else ():

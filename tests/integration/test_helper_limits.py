@@ -58,7 +58,7 @@ def test_an_endless_chat_template_is_stopped_and_holds_no_other_tenant(limited, 
     """Before: one model helper per replica with no time limit: the template held it, and every
     tenant's create behind it, for good."""
     client, store, settings = service
-    isolation.warm(wait=True)  # both model helpers up, as a replica warms them at start
+    isolation.warm(wait=True)  # a model helper up, as a replica warms it at start
     other = tenant_client(client.app, store, tenant="other")
     with other:
         def create(name):
