@@ -540,8 +540,9 @@ class WebhookSender:
             log.info("webhook %s to %s, attempt %s: %s", row.event_id, row.url, attempts, error)
 
     def healthy(self) -> bool:
-        """Whether the sending loop is turning (a pass started within a few poll intervals)."""
-        return time.monotonic() - self.last_pass < max(30.0, 10 * self.settings.webhook_poll_interval_s)
+        """Whether the sending loop is turning (a pass started within five minutes: a slow
+        database must not get the replica, and its scheduler, restarted)."""
+        return time.monotonic() - self.last_pass < max(300.0, 10 * self.settings.webhook_poll_interval_s)
 
     def run_forever(self) -> None:
         while not self._stop.is_set():
