@@ -88,3 +88,17 @@ class FakeHub:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def cached_model(cache: Path, repo_id: str, source: Path, commit: str) -> Path:
+    """`repo_id` at `commit` (main pointing there) in a Hugging Face cache at `cache`, laid out
+    as huggingface_hub writes it, holding a copy of the model directory `source`. Returns the
+    snapshot directory."""
+    import shutil
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(source, snapshot)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

@@ -6,7 +6,6 @@ holds a helper, another tenant's create is served by another as fast as alone.""
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 
@@ -15,6 +14,7 @@ import pytest
 from eft.service import isolation
 from eft.service.settings import get_settings
 from tests.helpers.app import tenant_client
+from tests.helpers.hub import cached_model
 from tests.helpers.paths import REPO
 
 MODELS = REPO / "assets" / "models"
@@ -26,15 +26,11 @@ ENDLESS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{
 @pytest.fixture
 def hub_cache(tmp_path):
     """`acme/endless-template`: a hub model whose chat template never finishes rendering."""
-    repo = tmp_path / "hf-cache" / "models--acme--endless-template"
-    snapshot = repo / "snapshots" / COMMIT
-    shutil.copytree(MODELS / "tiny-qwen2.5", snapshot)
+    snapshot = cached_model(tmp_path / "hf-cache", "acme/endless-template", MODELS / "tiny-qwen2.5", COMMIT)
     config = json.loads((snapshot / "tokenizer_config.json").read_text())
     config["chat_template"] = ENDLESS
     (snapshot / "tokenizer_config.json").write_text(json.dumps(config))
     (snapshot / "chat_template.jinja").unlink(missing_ok=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(COMMIT)
     return tmp_path / "hf-cache"
 
 

@@ -5,13 +5,13 @@ commit and is planned, tokenised and loaded from there; one that is not is a 422
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
 
 from eft.service.settings import get_settings
 from tests.helpers.app import validate_pending
+from tests.helpers.hub import cached_model
 from tests.helpers.paths import REPO
 
 MODELS = REPO / "assets" / "models"
@@ -21,10 +21,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 @pytest.fixture
 def hub_cache(tmp_path):
     """`acme/tiny-qwen` at COMMIT, with main pointing there, as huggingface_hub lays it out."""
-    repo = tmp_path / "hf-cache" / "models--acme--tiny-qwen"
-    shutil.copytree(MODELS / "tiny-qwen2.5", repo / "snapshots" / COMMIT)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(COMMIT)
+    cached_model(tmp_path / "hf-cache", "acme/tiny-qwen", MODELS / "tiny-qwen2.5", COMMIT)
     return tmp_path / "hf-cache"
 
 
