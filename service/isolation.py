@@ -48,9 +48,28 @@ tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar("eft_helper_
 _in_helper = False
 
 
-def _mark_helper() -> None:
+def _mark_helper(parent: int | None = None) -> None:
+    """A helper's start: mark it, and have it exit once its replica is gone."""
     global _in_helper
     _in_helper = True
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent,), name="eft-helper-orphan-watch", daemon=True).start()
+
+
+#: How often a helper looks whether its replica is still there.
+ORPHAN_CHECK_S = 1.0
+
+
+def _exit_with(parent: int) -> None:
+    """Exits this helper once `parent` (the replica that spawned it) is gone. The replica kills
+    a helper past its limits, but a replica that dies itself (killed, crashed, a test process
+    stopped) kills nothing: its helper would go on rendering a tenant's endless template on a
+    core for good. A thread that wakes every second costs nothing; the main thread's Python
+    loop gives it the interpreter within the switch interval."""
+    while True:
+        time.sleep(ORPHAN_CHECK_S)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 class LimitExceeded(Exception):
@@ -82,7 +101,7 @@ class _Slot:
 
     def __init__(self) -> None:
         # spawn, not fork: a replica has threads (the scheduler, the event loop) to not copy.
-        self.executor = ProcessPoolExecutor(max_workers=1, initializer=_mark_helper,
+        self.executor = ProcessPoolExecutor(max_workers=1, initializer=_mark_helper, initargs=(os.getpid(),),
                                             mp_context=multiprocessing.get_context("spawn"))
         self.pid = self.executor.submit(os.getpid).result()
 

@@ -120,3 +120,43 @@ def test_a_record_that_needs_too_much_memory_is_stopped(limited, service, eft_ho
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 100
     ok = client.post("/jobs", json={"model": "tiny-llama", "training_file": _chat_file(eft_home, "fine.jsonl")})
     assert ok.status_code == 201, ok.text
+
+
+ORPHANED = """
+import sys, time
+from eft.service import isolation
+slot = isolation._Slot()
+slot.executor.submit(exec, "while True: pass")  # a tenant's endless loop, in Python as a template's is
+print(slot.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_helper_exits_when_its_replica_dies():
+    """A replica killed while its helper renders an endless template (the replica's own limit
+    never fires: it is gone) leaves no helper spinning on a core. Before: the helper ran on at
+    100% CPU until the machine stopped."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.helpers.jobs import until
+
+    replica = subprocess.Popen([sys.executable, "-c", ORPHANED], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    helper = psutil.Process(int(replica.stdout.readline()))
+    try:
+        until("the helper to spin", lambda: helper.cpu_times().user > 0.5, timeout_s=30)
+        replica.kill()
+        replica.wait()
+
+        def gone() -> bool:
+            try:
+                return helper.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        until("the orphaned helper to exit", gone, timeout_s=15)
+    finally:
+        if helper.is_running():
+            helper.kill()
