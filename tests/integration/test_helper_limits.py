@@ -63,12 +63,17 @@ def test_an_endless_chat_template_is_stopped_and_holds_no_other_tenant(limited, 
             assert r.status_code == 201, r.text
             return time.monotonic() - started
 
-        # Both model helpers load the model's tokenizer (two tenants at once take both).
-        warming = threading.Thread(target=lambda: client.post("/jobs", json={
-            "model": "tiny-qwen2.5", "training_file": _chat_file(eft_home, "warm-default.jsonl")}))
-        warming.start()
-        create("warm-other.jsonl")
-        warming.join()
+        # Both model helpers started and each has loaded the model's tokenizer (as after two
+        # tenants asked at once): each create is made while the other helper is held.
+        helpers = isolation._pool("model")
+        slots = [helpers.acquire(None, wait_s=60) for _ in range(helpers.size)]
+        assert helpers.started == len(slots) == 2
+        for turn, slot in enumerate(slots):
+            helpers.release(slot, None)  # the only helper free: the create's
+            create(f"warm-{turn}.jsonl")
+            slots[turn] = helpers.acquire(None, wait_s=60)
+        for slot in slots:
+            helpers.release(slot, None)
         alone = min(create("alone-1.jsonl"), create("alone-2.jsonl"))
         # The limit, once the helpers have loaded what they keep (a first look at a model
         # imports its classes: seconds on a busy machine).
