@@ -48,12 +48,11 @@ tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar("eft_helper_
 _in_helper = False
 
 
-def _mark_helper(parent: int | None = None) -> None:
-    """A helper's start: mark it, and have it exit once its replica is gone."""
+def _mark_helper(parent: int) -> None:
+    """A helper's start: mark it, and have it exit once its replica (`parent`) is gone."""
     global _in_helper
     _in_helper = True
-    if parent is not None:
-        threading.Thread(target=_exit_with, args=(parent,), name="eft-helper-orphan-watch", daemon=True).start()
+    threading.Thread(target=_exit_with, args=(parent,), name="eft-helper-orphan-watch", daemon=True).start()
 
 
 #: How often a helper looks whether its replica is still there.

@@ -5,8 +5,6 @@ each run would wait up to that long for its start, each checkpoint and its end).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from eft.service.settings import Settings
@@ -15,11 +13,7 @@ from eft.service.settings import Settings
 @pytest.fixture(scope="session", autouse=True)
 def ray_train_settings():
     env = {k: v for k, v in Settings().driver_environment().items() if k.startswith("RAY_TRAIN_")}
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield env
-    for key, value in before.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        yield env
