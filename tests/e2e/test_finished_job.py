@@ -25,6 +25,7 @@ from urllib.parse import quote
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers.budgets import machine_factor
 from tests.helpers.browser import chromium, chromium_when
 from tests.helpers.metrics import TRAINING_SERIES, scrape
 from tests.helpers.paths import DEMO_DATA, REPO, TINY_LLAMA
@@ -40,7 +41,7 @@ def finished(journey, service):
     done = wait_for(journey.jobs["lora"]["id"], url, {"succeeded"})
     series = journey.series
     # Every series is exported within a second of being set; give the last ones a moment.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 * machine_factor()
     while not TRAINING_SERIES <= set(series.seen) and time.monotonic() < deadline:
         time.sleep(0.5)
     series.done.set()
@@ -149,7 +150,7 @@ def test_service_metrics_parse_with_request_and_job_status_values(finished):
     after = samples()
     assert after[key] - before.get(key, 0) == 3
     # Jobs by status match the store, as the API lists it.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30 * machine_factor()
     while True:
         listed = {s: len(client(url).jobs.list(limit=100, status=s).data)
                   for s in ("succeeded", "failed", "queued", "running")}

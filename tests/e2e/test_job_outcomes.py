@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from eft.training.checkpoint import load_trainable
+from tests.helpers.budgets import machine_factor
 from tests.helpers.jobs import post
 from tests.helpers.paths import TINY_LLAMA
 from tests.helpers.payloads import LORA_JOB
@@ -84,7 +85,7 @@ def test_eval_curve_samples_early_stop_and_the_best_step_published(service, jour
 
 def test_data_that_cannot_train_fails_with_a_user_error(service, journey):
     url, job = service["url"], journey.jobs["user_error"]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 120 * machine_factor()
     while (failed := as_json(client(url).jobs.retrieve(job["id"])))["status"] != "failed":
         assert failed["status"] in ("validating",), failed
         assert time.monotonic() < deadline
@@ -149,7 +150,7 @@ def test_cancel_stops_the_ray_job_and_its_workers(service, tmp_path):
     body = {**LORA_JOB, "hyperparameters": {**LORA_JOB["hyperparameters"], "max_steps": 100000},
             "name": "e2e-cancel", "strategy": "zero2", "checkpoint": {"every_steps": 5, "keep": 20}, "trackers": {}}
     job = post(url, body)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 300 * machine_factor()
     while not (kept := [c for c in as_json(client(url).jobs.checkpoints(job["id"]))["data"] if c["available"]]):
         assert time.monotonic() < deadline, "the job never kept a checkpoint"
         time.sleep(0.5)
@@ -173,7 +174,7 @@ def test_cancel_stops_the_ray_job_and_its_workers(service, tmp_path):
     ray_jobs = JobSubmissionClient(service["dashboard_url"])
     assert ray_jobs.get_job_status(done["ray_submission_id"]).value == "STOPPED"
     ray_job_id = ray_jobs.get_job_info(done["ray_submission_id"]).job_id
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60 * machine_factor()
     while True:
         # This job's: trainers run in the test process itself (test_strategies.py) are not.
         actors = list_actors(address=service["dashboard_url"], filters=[("state", "=", "ALIVE"),

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from eft.service.settings import BUNDLED_ASSETS
+from tests.helpers.budgets import machine_factor
 from tests.helpers.service_api import ADMIN_KEY, key_for
 
 
@@ -30,7 +31,7 @@ def test_the_openai_client_runs_a_fine_tuning_job(service, journey, tmp_path):
     assert job.user_provided_suffix == "openai-e2e" and job.metadata == {"team": "e2e"}
     assert job.id in [j.id for j in client.fine_tuning.jobs.list(limit=100).data]
 
-    deadline = time.monotonic() + 420
+    deadline = time.monotonic() + 420 * machine_factor()
     while (job := client.fine_tuning.jobs.retrieve(job.id)).status not in ("succeeded", "failed", "cancelled"):
         assert time.monotonic() < deadline, f"job still {job.status}"
         time.sleep(1)
@@ -135,7 +136,7 @@ def test_the_openai_client_runs_a_dpo_job(service, journey):
     # The endpoint was registered before the job was created (payloads.submit_all).
     receiver, endpoint, job = journey.receiver, journey.webhook, journey.openai["dpo"]
     assert job.method.type == "dpo" and job.method.dpo.hyperparameters.beta == 0.2
-    deadline = time.monotonic() + 420
+    deadline = time.monotonic() + 420 * machine_factor()
     while (job := client.fine_tuning.jobs.retrieve(job.id)).status not in ("succeeded", "failed", "cancelled"):
         assert time.monotonic() < deadline, f"job still {job.status}"
         time.sleep(1)
@@ -148,7 +149,7 @@ def test_the_openai_client_runs_a_dpo_job(service, journey):
     assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # step 1: the policy is the reference
 
     # The replica's sender delivers the succeeded event; the test waits on its record of it.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60 * machine_factor()
     while not (deliveries := httpx.get(f"{service['url']}/jobs/{job.id}/webhooks", headers=headers).json()["data"]) \
             or deliveries[0]["status"] == "pending":
         assert time.monotonic() < deadline, deliveries

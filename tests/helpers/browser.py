@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 
+from tests.helpers.budgets import machine_factor
 from tests.helpers.service_api import api, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -31,7 +32,7 @@ def chromium_when(url: str, condition: str, timeout_s: float = 180) -> str:
                                     f"--remote-debugging-port={port}", "--remote-allow-origins=*", url],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + timeout_s * machine_factor()
             pages = []
             while not pages:
                 assert time.monotonic() < deadline, "chromium never listed the page"

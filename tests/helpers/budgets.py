@@ -36,6 +36,22 @@ def calibration_s() -> float:
     return sorted(times)[1]
 
 
+_MACHINE_CALIBRATION: list[float] = []
+
+
+def machine_factor() -> float:
+    """How much slower than the budgets' machine this one ran the calibration when the run began
+    (from 1 up to the budgets file's `most`): what the tiers' budgets are scaled by, and what
+    the tests' deadlines for a job or a node (tests/helpers/jobs.py:until) are stretched by, so
+    that a machine twice as slow waits twice as long instead of failing a check that holds."""
+    reference_s, most = load_calibration(budgets_path())
+    if not reference_s:
+        return 1.0
+    if not _MACHINE_CALIBRATION:
+        _MACHINE_CALIBRATION.append(calibration_s())
+    return speed_factor(_MACHINE_CALIBRATION[0], reference_s, most)
+
+
 def speed_factor(measured_s: float, reference_s: float, most: float) -> float:
     """How much slower this machine ran the calibration than the budgets' machine: budgets are
     scaled by it, from 1 (never below the budget) up to `most` (a machine slower than that is
@@ -118,6 +134,7 @@ class TierBudgets:
         # machine slow or busy throughout gets budgets scaled by the faster of the two, the reading
         # least disturbed (the end's can catch the tier's own cluster still shutting down).
         self.calibrations = [calibration_s()] if self.reference_s else []
+        _MACHINE_CALIBRATION[:] = self.calibrations[:1]
         self.factor = 1.0
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:

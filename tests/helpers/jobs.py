@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers.budgets import machine_factor
 from tests.helpers.service_api import as_json, client
 
 #: The custom resource the spot-node tests label their nodes with (tests/e2e/conftest.py).
@@ -56,14 +57,18 @@ def events_of(url: str, job_id: str) -> list[dict]:
 
 
 def until(what: str, check: Callable[[], Any], timeout_s: float = 240) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` otherwise."""
-    deadline = time.monotonic() + timeout_s
+    """Poll `check` until it returns something truthy; fail naming `what` otherwise. `timeout_s`
+    is what the budgets' machine needs at most; a slower machine gets proportionally longer
+    (tests/helpers/budgets.py:machine_factor)."""
+    factor = machine_factor()
+    deadline = time.monotonic() + timeout_s * factor
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
         time.sleep(0.3)
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+    pytest.fail(f"timed out after {timeout_s * factor:.0f}s waiting for {what} "
+                f"({timeout_s}s x{factor:.2f} for this machine's speed)")
 
 
 def adapter_of(job: dict) -> dict[str, torch.Tensor]:

@@ -61,7 +61,11 @@ def free_port() -> int:
 
 
 def wait_for(job_id: str, url: str, statuses: set[str], timeout_s: float = 420) -> dict:
-    """Poll a job until its status is in `statuses`; fail with its events if it ends elsewhere."""
+    """Poll a job until its status is in `statuses`; fail with its events if it ends elsewhere.
+    `timeout_s` is stretched on a machine slower than the budgets' (budgets.py:machine_factor)."""
+    from tests.helpers.budgets import machine_factor
+
+    timeout_s *= machine_factor()
     deadline = time.monotonic() + timeout_s
     terminal = {"succeeded", "failed", "cancelled"}
     while time.monotonic() < deadline:
@@ -72,7 +76,7 @@ def wait_for(job_id: str, url: str, statuses: set[str], timeout_s: float = 420) 
             events = as_json(client(url).jobs.list_events(job_id, limit=1000))["data"]
             pytest.fail(f"job ended {job['status']}: {job.get('error')}\n{events}")
         time.sleep(0.5)
-    pytest.fail(f"job {job_id} did not reach {statuses} in {timeout_s}s; last: {job['status']}")
+    pytest.fail(f"job {job_id} did not reach {statuses} in {timeout_s:.0f}s; last: {job['status']}")
 
 
 def used_later(request, fixture: str = "service") -> bool:  # noqa: ANN001 - pytest's FixtureRequest

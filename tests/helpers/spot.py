@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.jobs import SPOT, until
 
 
@@ -21,10 +23,23 @@ class SpotNodes:
         self.gcs_address, self.log_dir = gcs_address, log_dir
         self.procs: list[subprocess.Popen] = []
 
-    def start(self) -> subprocess.Popen:
+    def start(self, attempts: int = 3) -> subprocess.Popen:
+        """A new node, once it has joined. On a loaded machine `ray start` can give up on its
+        own (Ray waits a fixed 30 s for the new raylet to register, and the raylet for its
+        agent): a node that exits before it joined is started again, up to `attempts` times."""
+        for attempt in range(1, attempts + 1):
+            proc = self._launch()
+            if until("the new node to join", lambda: self._joined(proc)) == "joined":
+                return proc
+            if attempt == attempts:
+                log = (self.log_dir / f"node-{len(self.procs) - 1}.log").read_text()[-3000:]
+                pytest.fail(f"`ray start` exited {attempts} times before its node joined; last log:\n{log}")
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> subprocess.Popen:
         import ray
 
-        before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        self._before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         # A 15 s notice (GCP and Azure give 30 s, AWS 2 min): the service's preemption watch
         # polls every 0.5 s here (EFT_PREEMPTION_POLL_INTERVAL_S), and the preemption checkpoint
         # is saved and registered within a second or two of the notice; an elastic job then
@@ -37,9 +52,15 @@ class SpotNodes:
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.procs.append(proc)
-        until("the new node to join", lambda: any(
-            n["Alive"] and n["NodeID"] not in before and SPOT in n["Resources"] for n in ray.nodes()))
         return proc
+
+    def _joined(self, proc: subprocess.Popen) -> str | None:
+        """"joined" once the node is alive in the cluster, "exited" if `ray start` gave up first."""
+        import ray
+
+        if any(n["Alive"] and n["NodeID"] not in self._before and SPOT in n["Resources"] for n in ray.nodes()):
+            return "joined"
+        return "exited" if proc.poll() is not None else None
 
     def drain(self, proc: subprocess.Popen) -> None:
         proc.send_signal(signal.SIGTERM)

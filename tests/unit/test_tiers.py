@@ -122,3 +122,22 @@ def test_the_runner_runs_every_tier_in_order_and_sums_them_up(tmp_path, capfd):
     summary = out[out.index("=== time per tier"):]
     assert "unit" in summary and "integration" in summary and summary.count("passed") == 2
     assert tiers.main(["nonsense"], root=tmp_path) == 2
+
+
+def test_deadlines_stretch_with_the_machines_measured_slowness(monkeypatch, tmp_path):
+    """A machine that ran the calibration 2.5 times slower than the budgets' machine waits 2.5
+    times longer for a job or a node before a test gives up (and says so), up to `most`."""
+    from tests.helpers import budgets
+    from tests.helpers.jobs import until
+
+    path = tmp_path / "budgets.toml"
+    path.write_text("tolerance = 0.25\n[calibration]\nreference_s = 0.1\nmost = 3.0\n[tiers.unit]\nminutes = 1\n")
+    monkeypatch.setenv("EFT_TEST_BUDGETS_FILE", str(path))
+    monkeypatch.setattr(budgets, "_MACHINE_CALIBRATION", [0.25])
+    assert budgets.machine_factor() == pytest.approx(2.5)
+    with pytest.raises(pytest.fail.Exception, match=r"waiting for nothing \(0.01s x2.50 for this machine's speed\)"):
+        until("nothing", lambda: None, timeout_s=0.01)
+    monkeypatch.setattr(budgets, "_MACHINE_CALIBRATION", [10.0])
+    assert budgets.machine_factor() == pytest.approx(3.0)  # at most `most`
+    monkeypatch.setattr(budgets, "_MACHINE_CALIBRATION", [0.05])
+    assert budgets.machine_factor() == 1.0  # a faster machine keeps the deadlines as written
