@@ -32,13 +32,13 @@ $(STAMP): pyproject.toml deploy/install.sh deploy/constraints.txt
 	PYTHON=$(PYTHON) sh deploy/install.sh $(VENV) $(TORCH_VERSION) server,test
 	touch $(STAMP)
 
-$(MODEL): $(STAMP) training/tiny.py training/tiny_data.py
-	$(PY) -m eft.training.tiny --out assets
+$(MODEL): $(STAMP) devkit/tiny.py devkit/tiny_data.py
+	$(PY) -m devkit.tiny --out assets
 
 # Tiny random-weight models of real families (Llama 3, Qwen, Mistral, Gemma, Phi, SmolLM, GPT-2,
 # ...) with their own tokenizer settings and chat templates: the conformance kit.
-$(FAMILIES): $(STAMP) training/families.py training/family_specs.py training/tiny_data.py
-	$(PY) -m eft.training.families --out assets/models
+$(FAMILIES): $(STAMP) devkit/families.py devkit/family_specs.py devkit/tiny_data.py
+	$(PY) -m devkit.families --out assets/models
 	touch $(FAMILIES)
 
 demo: setup

@@ -56,7 +56,7 @@ def measure(family: str) -> dict:
     from eft.planner.memory import forward_bytes
     from eft.planner.spec import Configuration, PlanSpec
     from eft.service.model_support import inspect_model
-    from eft.training.families import model_name
+    from devkit.families import model_name
     from eft.training.model import peft_target_modules
 
     path = ROOT / "assets" / "models" / model_name(family)
@@ -151,7 +151,7 @@ within 12% (`tests/training/test_families.py`).
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eft.training.family_specs import FAMILIES
+    from devkit.family_specs import FAMILIES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")

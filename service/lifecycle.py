@@ -79,11 +79,6 @@ def can_transition(current: JobStatus, target: JobStatus) -> bool:
     return target in ALLOWED[current]
 
 
-def sources_of(target: JobStatus) -> frozenset[JobStatus]:
-    """Statuses from which `target` may be reached (used for compare-and-set updates)."""
-    return frozenset(s for s, nxt in ALLOWED.items() if target in nxt)
-
-
 def plan_transition(
     current: JobStatus,
     target: JobStatus,

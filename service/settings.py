@@ -118,7 +118,6 @@ class Settings(BaseSettings):
         "it below any idle timeout of a proxy or load balancer in front of the database."
     )
 
-    ray_address: str = Field("auto", description="Ray cluster address for the service's ray.init.")
     ray_dashboard_url: str = Field(
         "http://127.0.0.1:8265", description="Ray Jobs API (dashboard) address."
     )

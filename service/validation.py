@@ -40,10 +40,7 @@ if TYPE_CHECKING:
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
-#: Strategies this build can run; the rest are refused with a pointer to one that works.
-AVAILABLE_STRATEGIES = ("auto", "ddp", "fsdp", "zero1", "zero2", "zero3")
-AVAILABLE_METHODS = ("lora", "qlora", "full")
-#: 4-bit base weights are not sharded by these strategies yet.
+#: The strategies QLoRA runs with: 4-bit base weights are not sharded by the others yet.
 QLORA_STRATEGIES = ("auto", "ddp")
 
 
@@ -339,14 +336,6 @@ def check_request(req: JobCreate, settings: Settings, choice: Choice | None = No
     valid = None
     if req.validation_file:
         valid = resolve_dataset(req.validation_file, "validation_file", settings, problems, columns)
-    if req.strategy not in AVAILABLE_STRATEGIES:
-        problems.append(Problem("strategy", "strategy_unavailable",
-                                f"strategy {req.strategy!r} is not available in this build: use "
-                                f"one of {', '.join(AVAILABLE_STRATEGIES)}"))
-    if req.tuning.type not in AVAILABLE_METHODS:
-        problems.append(Problem("method.type", "method_unavailable",
-                                f"method {req.tuning.type!r} is not available in this build: use "
-                                f"one of {', '.join(AVAILABLE_METHODS)}"))
     if req.tuning.type == "qlora" and req.strategy not in QLORA_STRATEGIES:
         problems.append(Problem("strategy", "strategy_unsupported_for_method",
                                 f"qlora runs with strategy ddp (or auto) in this build, not "

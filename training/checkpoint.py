@@ -107,7 +107,3 @@ def restore(directory: Path, strategy: Any) -> dict[str, Any]:
 
 def read_state(directory: Path) -> dict[str, Any]:
     return json.loads((directory / STATE_FILE).read_text())
-
-
-def size_bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())

@@ -16,8 +16,8 @@ from eft.service.scheduler import Scheduler
 from eft.service.settings import get_settings
 from eft.service.store import Store
 from eft.service.validation import TEMPLATE_SAMPLE, validate_job
-from eft.training.families import model_name
-from eft.training.family_specs import FAMILIES
+from devkit.families import model_name
+from devkit.family_specs import FAMILIES
 from eft.types.jobs import JobStatus
 from tests.helpers.app import service_app, validate_pending
 

@@ -1,6 +1,6 @@
 """The conformance kit: real model families (tiny random weights, each family's own special
 tokens, BOS/EOS behaviour and verbatim chat template, built at setup by
-`python -m eft.training.families`), held to what a fine-tuning service must get right.
+`python -m devkit.families`), held to what a fine-tuning service must get right.
 
 For every chat family, the trained tokens must be exactly the assistant turns as read off the
 rendered text with the family's own markers (computed here, independently of the code under
@@ -19,8 +19,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from eft.training.chat import TemplateError, label_mask, tokenize_chat
 from eft.training.data import IGNORE_INDEX, Example, tokenize_record
-from eft.training.families import model_name
-from eft.training.family_specs import FAMILIES
+from devkit.families import model_name
+from devkit.family_specs import FAMILIES
 from eft.training.attention import VARLEN_NAMES, register as register_varlen
 from eft.training.packing import collate_packed, packed_inputs, packing_is_exact
 from tests.helpers.paths import REPO

@@ -29,8 +29,8 @@ from eft.service import entrypoint
 from eft.service.scheduler import ACTIVE
 from eft.service.settings import get_settings
 from eft.service.store import Store
-from eft.training.families import model_name
-from eft.training.family_specs import FAMILIES
+from devkit.families import model_name
+from devkit.family_specs import FAMILIES
 from eft.types.jobs import JobStatus
 from tests.helpers.app import service_app, tenant_client, validate_pending
 from tests.helpers.paths import MODELS

@@ -20,7 +20,7 @@ from ray.train import RunConfig, ScalingConfig
 from eft.training import loop
 from eft.training.config import LoraSpec, TrainConfig
 from eft.training.errors import TrainingUserError
-from eft.training.families import model_name
+from devkit.families import model_name
 from tests.helpers.paths import REPO
 
 STEPS = 8

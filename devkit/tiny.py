@@ -2,9 +2,9 @@
 
 Run from the repository root (the Makefile does exactly this):
 
-    python -m eft.training.tiny --out assets             # data, then the model unless it is up to date
-    python -m eft.training.tiny --out assets --force     # rebuild the model even if it is up to date
-    python -m eft.training.tiny --out assets --data-only # write only assets/data/
+    python -m devkit.tiny --out assets             # data, then the model unless it is up to date
+    python -m devkit.tiny --out assets --force     # rebuild the model even if it is up to date
+    python -m devkit.tiny --out assets --data-only # write only assets/data/
 
 It writes:
 
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from eft.training.tiny_data import SEED, echo, facts, story, write_data
+from devkit.tiny_data import SEED, echo, facts, story, write_data
 
 MODEL_NAME = "tiny-llama"
 BUILD_INFO = "tiny_build.json"  # records which builder produced the directory
@@ -273,7 +273,7 @@ def build_model(target: Path, splits: dict[str, list[dict]]) -> None:
     print(f"training {MODEL_NAME}: {n_params:,} parameters, vocabulary {len(tokenizer)}")
     losses = pretrain(model, pack(tokenizer, prose, PRETRAIN_SEQ_LEN), PRETRAIN_STEPS)
     info = {
-        "builder": "training/tiny.py",
+        "builder": "devkit/tiny.py",
         "builder_sha256": builder_hash(),
         "seed": SEED,
         "parameters": n_params,
@@ -296,7 +296,7 @@ def build_model(target: Path, splits: dict[str, list[dict]]) -> None:
 
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m eft.training.tiny",
+        prog="python -m devkit.tiny",
         description="Build the bundled tiny-llama base model and the demo datasets (offline).",
     )
     parser.add_argument("--out", type=Path, default=Path("assets"), help="output root (assets)")

@@ -1,7 +1,7 @@
 """Tiny random-weight models of real model families, built offline (the conformance kit).
 
-    python -m eft.training.families --out assets/models           # build what is out of date
-    python -m eft.training.families --out assets/models --only qwen3
+    python -m devkit.families --out assets/models           # build what is out of date
+    python -m devkit.families --out assets/models --only qwen3
 
 Each `assets/models/tiny-<family>/` is a Hugging Face directory of that family's architecture
 (its `model_type`, its architecture-defining config values, its tied or untied embeddings) at a
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from eft.training.family_specs import FAMILIES
-from eft.training.tiny_data import SEED, facts, story
+from devkit.family_specs import FAMILIES
+from devkit.tiny_data import SEED, facts, story
 
 BUILD_INFO = "tiny_build.json"
 VOCAB_SIZE = 1024
@@ -152,7 +152,7 @@ def build(family: str, target: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    info = {"builder": "training/families.py", "builder_sha256": builder_hash(family), "family": family,
+    info = {"builder": "devkit/families.py", "builder_sha256": builder_hash(family), "family": family,
             "hub_id": spec.get("hub_id"), "chat_template_source": spec.get("source"),
             "parameters": sum(p.numel() for p in model.parameters()),
             "torch": torch.__version__, "transformers": transformers.__version__}
@@ -164,7 +164,7 @@ def build(family: str, target: Path) -> None:
 
 
 def main(argv: Iterable[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eft.training.families", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devkit.families", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("assets/models"))
     parser.add_argument("--only", action="append", choices=sorted(FAMILIES), help="build this family only")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
