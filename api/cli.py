@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from eft.cli import AsJson, CliError, _emit_json, _table, out
+from eft.cli.output import AsJson, CliError, emit_json, table, out
 
 GROUPS = {"keys": "Create, list and revoke API keys (admin; needs the store).",
           "tenants": "Set and show a tenant's quotas (admin; needs the store)."}
@@ -46,20 +46,20 @@ def up(port: Annotated[int | None, typer.Option(help="Port of the REST API [defa
     except local.PortTaken as exc:
         raise CliError(str(exc), exit_code=2) from None
     if as_json:
-        return _emit_json(info)
+        return emit_json(info)
     ray = "started" if info["started_ray"] else "already running (reused)"
     rows = [("service", info["service_url"]), ("dashboard", info["dashboard_url"]), ("ray", ray)]
     if info.get("config"):
         rows.append(("api key", f"in {info['config']}"))
-    out.print(_table("", "", rows=rows))
+    out.print(table("", "", rows=rows))
 
 
 def down(as_json: AsJson = False) -> None:
     """Stop the service, and Ray when `eft up` started it: `eft down`."""
     info = _service_local().down()
     if as_json:
-        return _emit_json(info)
-    out.print(_table("", "", rows=[
+        return emit_json(info)
+    out.print(table("", "", rows=[
         ("service", "stopped" if info["stopped_service"] else "was not running"),
         ("ray", "stopped" if info["stopped_ray"] else "not started by eft up: left as is"),
     ]))
@@ -102,8 +102,8 @@ def keys_create(
     finally:
         store.close()
     if as_json:
-        return _emit_json({**_key_row(record), "key": secret})
-    out.print(_table("", "", rows=[("id", record.id), ("tenant", record.tenant),
+        return emit_json({**_key_row(record), "key": secret})
+    out.print(table("", "", rows=[("id", record.id), ("tenant", record.tenant),
                                    ("role", record.role), ("key", secret)]))
     out.print(Text("store the key now: it is not shown again", style="dim"))
 
@@ -120,8 +120,8 @@ def keys_list(
     finally:
         store.close()
     if as_json:
-        return _emit_json({"object": "list", "data": rows})
-    out.print(_table("id", "tenant", "role", "name", "prefix", "created", "revoked",
+        return emit_json({"object": "list", "data": rows})
+    out.print(table("id", "tenant", "role", "name", "prefix", "created", "revoked",
                      rows=[(r["id"], r["tenant"], r["role"], r["name"] or "-", r["prefix"] + "…",
                             r["created_at"][:19], r["revoked_at"] or "-") for r in rows]))
 
@@ -139,7 +139,7 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="Key id, e.g. key_...
     finally:
         store.close()
     if as_json:
-        return _emit_json(_key_row(record))
+        return emit_json(_key_row(record))
     out.print(Text(f"revoked {record.id} ({record.tenant})"))
 
 
@@ -162,8 +162,8 @@ def _show_limits(tenant: str, limits: Any, as_json: bool) -> None:
     row = {"tenant": tenant, "max_active_jobs": limits.max_active_jobs, "max_cpus": limits.max_cpus,
            "max_gpus": limits.max_gpus, "queue_over_quota": limits.queue_over_quota}
     if as_json:
-        return _emit_json(row)
-    out.print(_table("", "", rows=list(row.items())))
+        return emit_json(row)
+    out.print(table("", "", rows=list(row.items())))
 
 
 def tenants_set(

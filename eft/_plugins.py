@@ -2,8 +2,10 @@
 
 The server's commands (`eft up`, `eft down`, `eft keys`) register this way (pyproject.toml), so
 the client never imports server code. An entry point names a module with a `COMMANDS` table
-("group name" -> function) and, optionally, `GROUPS` ("group" -> help); the module itself must
-import only what the client has (typer, rich, eft) and load anything heavier inside a command.
+("group name" -> function) and, optionally, `GROUPS` ("group" -> help); it takes what commands
+share (the client, options, tables, JSON and errors) from `eft.cli.output`, the CLI's one public
+module for commands, imports only what the client has (typer, rich, eft) and loads anything
+heavier inside a command.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def test_sync_and_async_clients_upload_list_validate_delete(client, tmp_path):
 
 def test_eft_files_upload_list_validate(client, tmp_path, monkeypatch):
     key = client.headers["Authorization"].removeprefix("Bearer ")
-    monkeypatch.setattr(cli_module, "make_client",
+    monkeypatch.setattr(cli_module.output, "make_client",
                         lambda base_url, api_key: Client(base_url="http://testserver", api_key=key,
                                                          http_client=client))
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"

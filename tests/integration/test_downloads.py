@@ -92,7 +92,7 @@ def test_a_succeeded_jobs_files_download_checked_and_its_model_ids_resolve(env, 
     assert len(asyncio.run(download_async())) == len(on_disk)
     assert (tmp / "async" / "tensorboard" / "events.out").read_bytes() == (source / "tensorboard" / "events.out").read_bytes()
 
-    monkeypatch.setattr(cli_module, "make_client", lambda base_url, api_key: sync)
+    monkeypatch.setattr(cli_module.output, "make_client", lambda base_url, api_key: sync)
     shown = CliRunner().invoke(cli_module.app, ["jobs", "download", job["id"], "-o", str(tmp / "cli"), "--json"])
     assert shown.exit_code == 0, shown.output
     assert len(json.loads(shown.output)["files"]) == len(on_disk)

@@ -86,7 +86,7 @@ def test_eft_models_list_and_get(clients, monkeypatch):
 
     http = clients["globex"]
     key = http.headers["Authorization"].removeprefix("Bearer ")
-    monkeypatch.setattr(cli_module, "make_client", lambda base_url, api_key: Client(
+    monkeypatch.setattr(cli_module.output, "make_client", lambda base_url, api_key: Client(
         base_url="http://testserver", api_key=key, http_client=http, max_retries=0))
     runner = CliRunner()
     listed = runner.invoke(cli_module.app, ["models", "list", "--json"])

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from eft.types.plans import PlanRequest
-from eft.cli_plan import plan_locally
+from eft.cli.plan import plan_locally
 from eft.service.settings import get_settings
 from tests.helpers.paths import REPO
 

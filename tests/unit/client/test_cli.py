@@ -1,4 +1,4 @@
-"""The `eft` command line against a fake server: `cli.make_client` is replaced by a client whose
+"""The `eft` command line against a fake server: `eft.cli.output.make_client` is replaced by a client whose
 transport is an httpx.MockTransport, so no service runs and nothing sleeps.
 
 Run: .venv/bin/python -m pytest tests/unit/client/test_cli.py -q
@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 import eft
 from eft import Client, cli
+from eft.cli import output
 
 runner = CliRunner()
 
@@ -59,7 +60,7 @@ def serve(monkeypatch):
             return Client(base_url="http://eft.test", api_key=api_key, http_client=http,
                           max_retries=0, sleep=lambda s: None)
 
-        monkeypatch.setattr(cli, "make_client", make_client)
+        monkeypatch.setattr(output, "make_client", make_client)
         return server
 
     return install

@@ -16,7 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from eft.types.plans import Plan
-from eft import AsyncClient, Client, cli, cli_plan
+from eft import AsyncClient, Client, cli
+from eft.cli import output
+from eft.cli import plan as cli_plan
 from tests.helpers.paths import REPO
 
 TINY = REPO / "assets" / "models" / "tiny-llama"
@@ -153,7 +155,7 @@ def test_remote_flag_posts_the_request_to_the_service(monkeypatch):
         return Client(base_url="http://eft.test", http_client=httpx.Client(
             transport=_fake_plan_server(requests)), max_retries=0)
 
-    monkeypatch.setattr(cli, "make_client", make_client)
+    monkeypatch.setattr(output, "make_client", make_client)
     remote = plan_json(*STUDY_EXAMPLE, "--remote")
     assert [(r.method, r.url.path) for r in requests] == [("POST", "/plan")]
     sent = json.loads(requests[0].content)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from eft import planner
 from eft._config import model_roots
-from eft.cli import AsJson, CliError, MethodName, StrategyName, _client, _emit_json, out
+from eft.cli.output import AsJson, CliError, MethodName, StrategyName, client_of, emit_json, out
 from eft.types.plans import Plan, PlanCandidate, PlanRequest
 
 def _local_architecture(model: str) -> planner.Architecture:
@@ -155,9 +155,9 @@ def plan(
             [m.strip() for m in target_modules.split(",") if m.strip()]
         body["method"].update(r=lora_r, target_modules=targets)
     request = PlanRequest.model_validate(body)
-    result = _client(ctx).plan(request) if remote else plan_locally(request)
+    result = client_of(ctx).plan(request) if remote else plan_locally(request)
     if as_json:
-        _emit_json(result)
+        emit_json(result)
     else:
         _show_plan(result, request)
     if result.chosen is None:

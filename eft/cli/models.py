@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from eft.cli import AsJson, JobId, _client, _emit_json, _table, out
+from eft.cli.output import AsJson, JobId, client_of, emit_json, table, out
 
 GROUPS = {"models": "List base and fine-tuned models."}
 
@@ -25,20 +25,20 @@ def _when(seconds: int) -> str:
 
 def models_list(ctx: typer.Context, as_json: AsJson = False) -> None:
     """List base models, then your fine-tuned models (newest first): `eft models list`."""
-    page = _client(ctx).models.list()
+    page = client_of(ctx).models.list()
     if as_json:
-        return _emit_json(page)
-    out.print(_table("id", "owned by", "created", rows=[(m.id, m.owned_by, _when(m.created)) for m in page.data]))
+        return emit_json(page)
+    out.print(table("id", "owned by", "created", rows=[(m.id, m.owned_by, _when(m.created)) for m in page.data]))
 
 
 def models_get(ctx: typer.Context,
                model: Annotated[str, typer.Argument(help="A base model's name, or an ft: id (of a checkpoint too).")],
                as_json: AsJson = False) -> None:
     """Show one model: `eft models get ft:tiny-llama:bot:ftjob-...`."""
-    m = _client(ctx).models.retrieve(model)
+    m = client_of(ctx).models.retrieve(model)
     if as_json:
-        return _emit_json(m)
-    out.print(_table("", "", rows=[("id", m.id), ("owned by", m.owned_by), ("created", _when(m.created))]))
+        return emit_json(m)
+    out.print(table("", "", rows=[("id", m.id), ("owned by", m.owned_by), ("created", _when(m.created))]))
 
 
 COMMANDS = {"models list": models_list, "models get": models_get}
@@ -53,16 +53,16 @@ def jobs_download(ctx: typer.Context, job_id: JobId,
                   as_json: AsJson = False) -> None:
     """Download a job's artifact (or a checkpoint, or the merged model), each file checked
     against its SHA-256: `eft jobs download ftjob-... -o ./adapter [--checkpoint 40 | --merged]`."""
-    client = _client(ctx)
+    client = client_of(ctx)
     if merged:
         export = client.jobs.wait_export(job_id)
         if export.status != "succeeded":
             raise typer.BadParameter(f"the merged export failed: {export.error}", param_hint="--merged")
     paths = client.jobs.download(job_id, output, checkpoint=checkpoint, merged=merged)
     if as_json:
-        return _emit_json({"job_id": job_id, "checkpoint": checkpoint, "merged": merged,
+        return emit_json({"job_id": job_id, "checkpoint": checkpoint, "merged": merged,
                            "files": [str(p) for p in paths]})
-    out.print(_table("file", "bytes", rows=[(str(p), p.stat().st_size) for p in paths]))
+    out.print(table("file", "bytes", rows=[(str(p), p.stat().st_size) for p in paths]))
 
 
 def jobs_export(ctx: typer.Context, job_id: JobId,
@@ -75,13 +75,13 @@ def jobs_export(ctx: typer.Context, job_id: JobId,
     """Export a succeeded job's model merged into its base (safetensors, the base's dtype), or
     push it to the Hub: `eft jobs export ftjob-... --wait [--hub-repo org/name [--adapter]]`,
     then `eft jobs download ftjob-... --merged -o DIR`."""
-    client = _client(ctx)
+    client = client_of(ctx)
     kind = "adapter" if adapter else "merged"
     export = (client.jobs.wait_export(job_id, kind, hub_repo=hub_repo) if wait
               else client.jobs.export(job_id, kind, hub_repo))
     if as_json:
-        return _emit_json(export)
-    out.print(_table("", "", rows=[("export", export.id), ("status", export.status), ("path", export.path),
+        return emit_json(export)
+    out.print(table("", "", rows=[("export", export.id), ("status", export.status), ("path", export.path),
                                    ("hub", export.hub_url or export.hub_repo or ""), ("error", export.error or "")]))
 
 

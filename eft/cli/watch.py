@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from eft import monitor
-from eft.cli import AsJson, CliError, JobId, _client, _emit_json, _progress, _status, out
+from eft.cli.output import AsJson, CliError, JobId, client_of, emit_json, progress_text, status_text, out
 from eft.client import Client
 from eft.types.jobs import Job, JobMetric, JobStatus
 
@@ -40,10 +40,10 @@ def wait_and_report(client: Client, job_id: str, poll_interval_s: float,
                      timeout_s: float | None, as_json: bool) -> None:
     if as_json:
         job = client.jobs.wait(job_id, poll_interval_s, timeout_s)
-        _emit_json(job)
+        emit_json(job)
     else:
         job = _wait_with_progress(client, job_id, poll_interval_s, timeout_s)
-        line = Text(f"{job.id} ") + _status(job) + Text(f" at step {_progress(job)}")
+        line = Text(f"{job.id} ") + status_text(job) + Text(f" at step {progress_text(job)}")
         if job.error:
             line += Text(f": {job.error.code}: {job.error.message}")
         elif job.artifact_path:
@@ -62,7 +62,7 @@ def jobs_wait(
 ) -> None:
     """Follow a job to its end with a progress bar (step, loss, tokens/s, ETA); exit 0 only if it
     succeeded. `eft jobs watch` is the same command."""
-    wait_and_report(_client(ctx), job_id, poll_interval_s, timeout_s, as_json)
+    wait_and_report(client_of(ctx), job_id, poll_interval_s, timeout_s, as_json)
 
 
 def jobs_logs(
@@ -74,14 +74,14 @@ def jobs_logs(
     as_json: AsJson = False,
 ) -> None:
     """Print a job's driver logs from Ray Jobs: `eft jobs logs ftjob-... --follow`."""
-    client = _client(ctx)
+    client = client_of(ctx)
     if follow:
         for line in client.jobs.follow_logs(job_id, attempt=attempt):
             typer.echo(json.dumps({"line": line}) if as_json else line)
         return
     logs = client.jobs.logs(job_id, attempt=attempt, tail=tail)
     if as_json:
-        return _emit_json(logs)
+        return emit_json(logs)
     typer.echo(logs.data, nl=not logs.data.endswith("\n"))
 
 
@@ -92,14 +92,14 @@ def jobs_plot(
     as_json: AsJson = False,
 ) -> None:
     """Write a PNG of a job's loss and eval-loss curves: `eft jobs plot ftjob-... -o loss.png`."""
-    client = _client(ctx)
+    client = client_of(ctx)
     job = client.jobs.retrieve(job_id)
     try:
         path = monitor.plot_losses(job, client.jobs.metrics(job_id).data, output or Path(f"{job_id}-loss.png"))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if as_json:
-        return _emit_json({"job_id": job_id, "path": str(path)})
+        return emit_json({"job_id": job_id, "path": str(path)})
     out.print(Text(f"wrote {path}"))
 
 

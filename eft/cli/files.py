@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from eft.cli import AsJson, _client, _emit_json, _table, out
+from eft.cli.output import AsJson, client_of, emit_json, table, out
 
 GROUPS = {"files": "Upload, list and validate training files."}
 
@@ -23,10 +23,10 @@ def files_upload(ctx: typer.Context,
                  path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A JSONL file.")],
                  as_json: AsJson = False) -> None:
     """Upload a training file; prints its id: `eft files upload data/train.jsonl`."""
-    f = _client(ctx).files.create(path)
+    f = client_of(ctx).files.create(path)
     if as_json:
-        return _emit_json(f)
-    out.print(_table("", "", rows=[("id", f.id), ("file", f.filename), ("bytes", f.bytes),
+        return emit_json(f)
+    out.print(table("", "", rows=[("id", f.id), ("file", f.filename), ("bytes", f.bytes),
                                    ("sha256", f.sha256)]))
 
 
@@ -35,10 +35,10 @@ def files_list(ctx: typer.Context,
                after: Annotated[str | None, typer.Option(help="Cursor from the previous page.")] = None,
                as_json: AsJson = False) -> None:
     """List uploaded files, newest first: `eft files list`."""
-    page = _client(ctx).files.list(limit=limit, after=after)
+    page = client_of(ctx).files.list(limit=limit, after=after)
     if as_json:
-        return _emit_json(page)
-    out.print(_table("id", "file", "bytes", "created", rows=[
+        return emit_json(page)
+    out.print(table("id", "file", "bytes", "created", rows=[
         (f.id, f.filename, f.bytes, f.created_at) for f in page.data]))
     if page.has_more:
         out.print(Text(f"more: eft files list --after {page.next_cursor}", style="dim"))
@@ -52,9 +52,9 @@ def files_validate(ctx: typer.Context,
                    as_json: AsJson = False) -> None:
     """Check every line of a file without a job; exit 1 when it cannot train."""
     options = {"max_seq_len": max_seq_len, "model": model, "validation_file": validation_file}
-    report = _client(ctx).files.validate(file_id, **{k: v for k, v in options.items() if v is not None})
+    report = client_of(ctx).files.validate(file_id, **{k: v for k, v in options.items() if v is not None})
     if as_json:
-        _emit_json(report)
+        emit_json(report)
     else:
         out.print(Text(f"{report.file}: {report.records} records {report.formats}; "
                        f"{report.errors_total} error(s), {len(report.warnings)} warning(s)"))
@@ -75,9 +75,9 @@ def files_delete(ctx: typer.Context,
                  file_id: Annotated[str, typer.Argument(help="File id, e.g. file-...")],
                  as_json: AsJson = False) -> None:
     """Delete an uploaded file: `eft files delete file-...`."""
-    deleted = _client(ctx).files.delete(file_id)
+    deleted = client_of(ctx).files.delete(file_id)
     if as_json:
-        return _emit_json(deleted)
+        return emit_json(deleted)
     out.print(Text(f"deleted {deleted.id}"))
 
 
@@ -88,7 +88,7 @@ def files_download(ctx: typer.Context,
                    as_json: AsJson = False) -> None:
     """Download an uploaded file: `eft files download file-... -o train.jsonl` (default: its
     original name in the current directory)."""
-    client = _client(ctx)
+    client = client_of(ctx)
     content = client.files.content(file_id)
     if output is not None and str(output) == "-":
         sys.stdout.buffer.write(content)
@@ -96,7 +96,7 @@ def files_download(ctx: typer.Context,
     path = output or Path(client.files.retrieve(file_id).filename).name
     Path(path).write_bytes(content)
     if as_json:
-        return _emit_json({"id": file_id, "path": str(path), "bytes": len(content)})
+        return emit_json({"id": file_id, "path": str(path), "bytes": len(content)})
     out.print(Text(f"wrote {path} ({len(content)} bytes)"))
 
 
