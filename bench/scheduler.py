@@ -6,7 +6,7 @@ Run from the repository root:
     .venv/bin/python bench/scheduler.py                  # writes its section of BENCHMARKS.md
     .venv/bin/python bench/scheduler.py --jobs 300 --scale-jobs 0 --output /tmp/b.md
 
-The simulator (`eft.service.simulation`) calls the service's own policy code
+The simulator (`bench/simulation.py`) calls the service's own policy code
 (`eft.service.policy.plan`) at every arrival, completion, spot preemption and node return. The
 traces come from `generate_trace(jobs, seed, load=...)`: Poisson arrivals at `load` times what
 the cluster serves at the jobs' requested sizes, work log-normal (median one GPU-hour), requested
@@ -47,7 +47,7 @@ def row(label: str, result, fifo_jct: float, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eft.service.simulation import Cluster, generate_trace, scaled, simulate
+    from bench.simulation import Cluster, generate_trace, scaled, simulate
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         SECTION, "",
         f"`bench/scheduler.py` on {datetime.now():%Y-%m-%d %H:%M} UTC. Machine: {machine()}.", "",
         "The scheduling policy the service's code implements (`eft.service.policy`), driven by a discrete-event "
-        "simulation (`eft.service.simulation`) over traces from `generate_trace(jobs, seed="
+        "simulation (`bench/simulation.py`) over traces from `generate_trace(jobs, seed="
         f"{args.seed}, load=...)`: {cluster.on_demand_slots} on-demand slots and {cluster.spot_nodes} spot nodes of "
         f"{cluster.slots_per_spot_node} slots ({cluster.slots} in all), each spot node preempted "
         f"{cluster.spot_preemptions_per_node_hour:g}/hour with a {cluster.notice_s:g} s notice (a checkpoint takes "

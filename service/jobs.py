@@ -36,7 +36,8 @@ from eft.service.progress import progress_fields
 from eft.service.quotas import QuotaExceeded, check_priority, check_quota, demand
 from eft.service.settings import Settings
 from eft.service.store import JobRecord, Store, tenant_key
-from eft.service.validation import check_request, resolve_under_roots
+from eft.service.paths import resolve_under_roots
+from eft.service.validation import check_request
 from eft.types.text import decimal_int
 
 log = logging.getLogger("eft.jobs")

@@ -28,7 +28,7 @@ from eft.planner.spec import PlanSpec
 from eft.service.model_support import inspect_model
 from eft.service.settings import Settings
 from eft.service import hub
-from eft.service.validation import HUB_ID, resolve_under_roots
+from eft.service.paths import HUB_ID, resolve_under_roots
 
 #: PlanSpec fields -> the request field a problem with them is reported against.
 REQUEST_PARAMS = {

@@ -3,7 +3,7 @@
 Pure: it reads a picture of the cluster (pools of worker slots) and of the jobs (queued and
 running, with their elastic range, priority, tenant and measured scaling), and returns a target
 size for each job with the reason. The service's scheduler and the discrete-event simulator
-(`eft.service.simulation`, `bench/scheduler.py`) call the same `plan`, so what the simulator
+(`bench/simulation.py`, `bench/scheduler.py`) call the same `plan`, so what the simulator
 reports is what this code does.
 
 Three policies:

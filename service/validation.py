@@ -29,6 +29,8 @@ from eft.service.errors import Problem, RequestInvalid
 from eft.service import hub
 from eft.service.files import FILE_ID, uploaded_path
 from eft.service.model_support import ComputedOnce, ModelSupport, inspect_model
+from eft.service.paths import HUB_ID, resolve_under_roots
+from eft.service.plan_requests import refuse_unless_fits, spec_for_request
 from eft.service.settings import Settings
 from eft.training.config import TrainConfig, steps_for
 from eft.training.formats import (
@@ -38,7 +40,6 @@ from eft.training.formats import (
 if TYPE_CHECKING:
     from eft.service.store import JobRecord
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 #: The strategies QLoRA runs with: 4-bit base weights are not sharded by the others yet.
 QLORA_STRATEGIES = ("auto", "ddp")
@@ -71,25 +72,6 @@ class ResolvedInputs:
     training_file: Path
     validation_file: Path | None
     choice: Choice
-
-
-def _under(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
-
-
-def resolve_under_roots(value: str, roots: list[Path]) -> Path | None:
-    """The resolved path for `value` (absolute, or relative to a root) if it lies inside one
-    of `roots` and exists; symlinks and `..` are resolved before the containment check."""
-    try:
-        raw = Path(value).expanduser()
-        candidates = [raw.resolve()] if raw.is_absolute() else [(r / raw).resolve() for r in roots]
-        for candidate in candidates:
-            if candidate.exists() and any(_under(candidate, r) for r in roots):
-                return candidate
-    except (OSError, ValueError, RuntimeError):
-        # A name too long for the file system, a NUL byte, or a symlink loop names no file.
-        return None
-    return None
 
 
 def _roots_hint(roots: list[Path]) -> str:
@@ -449,7 +431,6 @@ def choose_configuration(req: JobCreate, settings: Settings, support: ModelSuppo
     configuration predicted to fit). Raises RequestInvalid (does_not_fit) naming the nearest
     configuration that would fit."""
     from eft.planner import plan
-    from eft.service.plan_requests import refuse_unless_fits, spec_for_request
 
     opt, gpu = req.optimizations, req.scaling.use_gpu
     spec = spec_for_request(req, _cluster_for(req, settings), settings, model_path)

@@ -1,11 +1,11 @@
-"""The scheduling simulator (`eft.service.simulation`) drives the service's policy code over
+"""The scheduling simulator (`bench/simulation.py`) drives the service's policy code over
 traces: exact on a case worked by hand, deterministic for a seed, honest about lost work."""
 
 from __future__ import annotations
 
 import pytest
 
-from eft.service.simulation import Cluster, SimJob, generate_trace, scaled, simulate
+from bench.simulation import Cluster, SimJob, generate_trace, scaled, simulate
 
 NO_SPOT = Cluster(on_demand_slots=8, spot_nodes=0, restart_s=60.0)
 
