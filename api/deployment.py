@@ -22,7 +22,7 @@ from eft.service.launcher import RayJobsLauncher
 from eft.service.scheduler import Scheduler
 from eft.service.settings import Settings, get_settings
 from eft.service.store import Store
-from eft.service.validation import validate_job_isolated
+from eft.service.validation import helper_imports, validate_job_isolated
 
 log = logging.getLogger("eft.deployment")
 
@@ -44,7 +44,7 @@ class EftService:
         self.job_service, self.scheduler = build_service(settings)
         self.models = None if models is None else ServeModels(
             models, settings.inference_start_timeout_s, settings.inference_retry_after_s)
-        isolation.warm()
+        isolation.warm(helper_imports)
         self._thread = threading.Thread(
             target=self.scheduler.run_forever, name="eft-scheduler", daemon=True
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 #: The variable naming the secrets file; its value is a path, never a secret.
 FILE_VAR = "EFT_SECRETS_FILE"
@@ -58,6 +58,10 @@ def write(path: Path, values: Mapping[str, str]) -> Path:
     return path
 
 
+#: What `on_load` registered.
+_AFTER_LOAD: list[Callable[[], Any]] = []
+
+
 def read(path: Path) -> dict[str, str]:
     from dotenv import dotenv_values
 
@@ -78,10 +82,15 @@ def load(path: str | Path | None = None) -> list[str]:
             os.environ[key] = value
             loaded.append(key)
     if loaded:
-        from eft.service.settings import get_settings
-
-        get_settings.cache_clear()  # settings read before the file was loaded are stale
+        for callback in _AFTER_LOAD:
+            callback()  # e.g. settings read before the file was loaded are stale
     return loaded
+
+
+def on_load(callback: Callable[[], Any]) -> None:
+    """Call `callback` whenever `load` puts new values into the environment (settings.py clears
+    its cached settings so; this module imports none of the service's)."""
+    _AFTER_LOAD.append(callback)
 
 
 def public_env(env: Mapping[str, str], home: Path) -> dict[str, str]:

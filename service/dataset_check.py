@@ -105,10 +105,10 @@ def _overlap(found: _Collector, seen: dict[str, int], other: Path, other_name: s
 def _token_stats(found: _Collector, good: list[tuple[int, Any]], tokenizer: Any,
                  max_seq_len: int) -> tuple[TokenStats, list[LossToken]]:
     from eft.training.chat import TemplateError
-    from eft.training.data import IGNORE_INDEX, Example, tokenize_record
+    from eft.training.data import IGNORE_INDEX, Example, tokenize_preference, tokenize_record
+    from eft.training.formats import is_preference
 
     lengths, loss_total, example = [], 0, None
-    from eft.training.preference import is_preference, tokenize_preference
 
     for lineno, record in good:
         try:

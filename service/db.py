@@ -168,3 +168,20 @@ def writing(engine: sa.Engine) -> Iterator[sa.Connection]:
         conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
         with conn.begin():
             yield conn
+
+
+@contextlib.contextmanager
+def serialized(engine: sa.Engine, key: str) -> Iterator[sa.Connection]:
+    """A write transaction that runs alone among all those taking the same `key`, in every
+    process sharing the database: PostgreSQL takes a transaction-scoped advisory lock on the
+    key; SQLite has one writer at a time and this transaction starts as the writer (BEGIN
+    IMMEDIATE), so what it reads cannot change before it commits."""
+    with writing(engine) as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(key))))
+        yield conn
+
+
+def tenant_key(tenant: str) -> str:
+    """The `serialized` key of a tenant's creates and deletes (quotas, files in use)."""
+    return f"eft:tenant:{tenant}"

@@ -29,7 +29,8 @@ from eft.service.schema import jobs as jobs_table
 from eft.service.settings import Settings
 from eft.training.storage import is_remote
 from eft.service.quotas import QuotaExceeded
-from eft.service.store import _aware, serialized, tenant_key, utcnow
+from eft.service.db import serialized, tenant_key
+from eft.service.store import _aware, utcnow
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
 PURPOSES = ("fine-tune",)

@@ -234,14 +234,15 @@ def run(fn: Callable[..., T], *args: Any, pool: str = "scan", param: str = "trai
             "spends on one request's input; make it smaller (fewer or shorter records, a simpler chat template)")]) from None
 
 
-def warm(wait: bool = False) -> None:
+def warm(imports: Callable[[], Any], wait: bool = False) -> None:
     """Start a validating and a model helper now, in the background (or, with `wait`, before
-    returning), with what checking a job imports: spawning one (an interpreter, torch,
+    returning), each running `imports` (what checking a job imports, named by the caller; this
+    module imports nothing of the service's above it): spawning one (an interpreter, torch,
     transformers: seconds of CPU) would otherwise delay the first job a replica validates, and
     the first create that asks a model helper about the model. The second model helper and the
     scan helpers start on first use (when two tenants ask at once): warming them too would take
     that much CPU again from whatever the node runs meanwhile."""
-    threads = [threading.Thread(target=run, args=(_import_validation,), kwargs={"pool": pool},
+    threads = [threading.Thread(target=run, args=(imports,), kwargs={"pool": pool},
                                 name=f"eft-isolation-warm-{pool}", daemon=True)
                for pool in ("model", "validate")]
     for thread in threads:
@@ -249,11 +250,3 @@ def warm(wait: bool = False) -> None:
     for thread in threads if wait else ():
         thread.join()
 
-
-def _import_validation() -> None:
-    import transformers  # noqa: F401
-    from transformers import AutoTokenizer  # noqa: F401
-
-    import eft.service.model_support  # noqa: F401
-    import eft.service.validation  # noqa: F401
-    import eft.training.datacache  # noqa: F401

@@ -35,7 +35,8 @@ from eft.service.launcher import Launcher, RayJobState, stop_quietly
 from eft.service.progress import progress_fields
 from eft.service.quotas import QuotaExceeded, check_priority, check_quota, demand
 from eft.service.settings import Settings
-from eft.service.store import JobRecord, Store, tenant_key
+from eft.service.db import tenant_key
+from eft.service.store import JobRecord, Store
 from eft.service.paths import resolve_under_roots
 from eft.service.validation import check_request
 from eft.types.text import decimal_int

@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from eft.service import credentials
 from eft.training.storage import storage_environment
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -350,8 +351,6 @@ class Settings(BaseSettings):
         database URL and object-store keys in its node's environment or in the secrets file
         named here; `EFT_DATABASE_URL_REDACTED` (the URL with its password masked) lets it check
         that it found the service's database, not a default."""
-        from eft.service import credentials
-
         env = {
             "EFT_HOME": str(self.home),
             "EFT_CHECKPOINT_ROOT": self.resolved_checkpoint_root,
@@ -395,3 +394,7 @@ def redacted_url(url: str) -> str:
 def get_settings() -> Settings:
     """The process-wide settings, read once from the environment."""
     return Settings()
+
+
+# Settings read before `credentials.load` put the secrets file's values into the environment are stale.
+credentials.on_load(get_settings.cache_clear)

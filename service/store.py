@@ -16,14 +16,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import sqlalchemy as sa
 
 from eft.types.jobs import JobStatus
 from eft.service import lifecycle
 from eft.training import storage
-from eft.service.db import aware, make_engine, once, retry_on_disconnect, utcnow, writing
+from eft.service.db import aware, make_engine, once, retry_on_disconnect, serialized, tenant_key, utcnow, writing
 from eft.service.errors import Conflict, JobNotFound
 # The tables live in service/schema.py; they are named here too, as the store's own.
 from eft.service.schema import checkpoints, job_events, job_metrics, jobs, metadata  # noqa: F401
@@ -64,23 +64,6 @@ _QUEUED = jobs.c.status == JobStatus.queued.value
 _QUEUE_VERSION = (sa.select(jobs.c.tenant, _QUEUED, sa.func.count(), sa.func.max(sa.case((_QUEUED, jobs.c.updated_at))),
                             sa.func.min(jobs.c.id), sa.func.max(jobs.c.id))
                   .where(jobs.c.status.in_(sa.bindparam("statuses", expanding=True))).group_by(jobs.c.tenant, _QUEUED))
-
-
-@contextlib.contextmanager
-def serialized(engine: sa.Engine, key: str) -> Iterator[sa.Connection]:
-    """A write transaction that runs alone among all those taking the same `key`, in every
-    process sharing the database: PostgreSQL takes a transaction-scoped advisory lock on the
-    key; SQLite has one writer at a time and this transaction starts as the writer (BEGIN
-    IMMEDIATE), so what it reads cannot change before it commits."""
-    with writing(engine) as conn:
-        if engine.dialect.name == "postgresql":
-            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(key))))
-        yield conn
-
-
-def tenant_key(tenant: str) -> str:
-    """The `serialized` key of a tenant's creates and deletes (quotas, files in use)."""
-    return f"eft:tenant:{tenant}"
 
 
 @dataclass

@@ -264,8 +264,8 @@ def _check_chat_template(model_path: str, path: Path, param: str, train_on: str,
 def _render_chat_sample(model_path: str, path: Path, param: str, train_on: str, system_message: str,
                         columns: tuple[tuple[str, str], ...]) -> list[Problem]:
     from eft.training.chat import TemplateError, tokenize_chat
-    from eft.training.formats import check_record
-    from eft.training.preference import is_preference, tokenize_preference
+    from eft.training.data import tokenize_preference
+    from eft.training.formats import check_record, is_preference
 
     unavailable = tokenizer_problem(model_path)
     if unavailable is not None:
@@ -621,3 +621,13 @@ def tokenize_options(req: JobCreate) -> Any:
 
     return TokenizeOptions(req.hyperparameters.max_seq_len, req.data.train_on, req.data.system_message,
                            tuple(sorted(req.data.columns.items())), req.objective)
+
+
+def helper_imports() -> None:
+    """What checking a job imports in a helper process (isolation.warm runs it in the helpers a
+    replica starts; running it there imports this module too)."""
+    import transformers  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401
+
+    import eft.service.model_support  # noqa: F401
+    import eft.training.datacache  # noqa: F401

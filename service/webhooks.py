@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
-from eft.service.db import aware, utcnow, writing
+from eft.service.db import aware, serialized, tenant_key, utcnow, writing
 from eft.service.schema import webhook_attempts, webhook_deliveries, webhook_endpoints, webhook_secrets
 from eft.types.jobs import JobStatus
 
@@ -211,8 +211,6 @@ class TooManyEndpoints(Exception):
 def create_endpoint(engine: sa.Engine, tenant: str, url: str, events: list[str], limit: int) -> dict[str, Any]:
     """A new endpoint of the tenant; raises TooManyEndpoints when it has `limit` already
     (counted in the tenant's serialized transaction: two creates at once cannot pass it)."""
-    from eft.service.store import serialized, tenant_key
-
     row = {"id": "whep_" + secrets.token_hex(10), "tenant": tenant, "url": url, "events": list(events),
            "created_at": utcnow()}
     with serialized(engine, tenant_key(tenant)) as conn:

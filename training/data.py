@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported where tensors are made: the API's process never ne
     import torch
 
 from eft.training.chat import TemplateError, tokenize_chat
-from eft.training.formats import check_record, iter_records
+from eft.training.formats import INPUT, NON_PREFERRED, PREFERRED, check_record, iter_records
 
 IGNORE_INDEX = -100
 
@@ -62,7 +62,7 @@ class LoadedData:
     """A file's examples in file order (a list, or `ArrowExamples` memory-mapped from the token
     cache), and the records left out (no loss tokens within max_seq_len), by line number."""
 
-    examples: Sequence[Example]  # Pairs (training/preference.py) for a DPO job
+    examples: Sequence[Example]  # Pairs (below) for a DPO job
     dropped: list[int]
     records: int
 
@@ -142,8 +142,6 @@ def tokenize_file(path: str, tokenizer: Any, options: TokenizeOptions) -> Iterat
     record with no trained token within max_seq_len (a preference pair: when either reply has
     none). Raises DataError on the first record that is malformed, of the wrong kind for the
     objective, or that the template refuses."""
-    from eft.training.preference import Pair, tokenize_preference
-
     for lineno, record, parse_error in iter_records(Path(path), columns=dict(options.columns)):
         if parse_error:
             raise DataError(path, lineno, "line", parse_error)
@@ -244,3 +242,37 @@ def collate(examples: list[Example], pad_token_id: int) -> dict[str, torch.Tenso
         labels[row, :n] = torch.tensor(e.labels)
         attention_mask[row, :n] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+# --- preference pairs (DPO) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A prompt's preferred (chosen) and non-preferred (rejected) conversation, tokenised."""
+
+    chosen: Example
+    rejected: Example
+
+    @property
+    def tokens(self) -> int:
+        return len(self.chosen.input_ids) + len(self.rejected.input_ids)
+
+    @property
+    def loss_tokens(self) -> int:
+        return self.chosen.loss_tokens + self.rejected.loss_tokens
+
+
+def tokenize_preference(tokenizer: Any, record: dict[str, Any], max_seq_len: int,
+                        system_message: str = "keep") -> Pair:
+    """The pair's two conversations, each truncated to `max_seq_len`, trained on the reply only.
+    Raises TemplateError when the template refuses the conversation."""
+    prompt = record[INPUT]
+    out = []
+    for key in (PREFERRED, NON_PREFERRED):
+        reply = {k: v for k, v in record[key][0].items() if k != "weight"}
+        ids, trained = tokenize_chat(tokenizer, [*prompt["messages"], reply], prompt.get("tools"),
+                                     "last_assistant", system_message)
+        labels = [t if keep else IGNORE_INDEX for t, keep in zip(ids, trained)]
+        out.append(Example(ids[:max_seq_len], labels[:max_seq_len]))
+    return Pair(*out)

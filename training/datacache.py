@@ -86,7 +86,7 @@ class ArrowExamples:
 def _example(row: dict[str, Any]) -> Any:
     """A row as an Example, or a preference Pair when it holds the rejected reply too."""
     if "rejected_input_ids" in row:
-        from eft.training.preference import Pair
+        from eft.training.data import Pair
 
         return Pair(Example(row["input_ids"], row["labels"]),
                     Example(row["rejected_input_ids"], row["rejected_labels"]))

@@ -19,7 +19,7 @@ Three shapes, one per JSONL line, detected per record:
 - classification: `{"text": str, "label": str | int}`; trained as prompt `text`, completion
   `label`, so the loss is on the label only.
 - preference (DPO jobs only): `{"input": {"messages": [...], "tools": [...]}, "preferred_output":
-  [assistant message], "non_preferred_output": [assistant message]}` (training/preference.py).
+  [assistant message], "non_preferred_output": [assistant message]}` (checked below; DPO: training/preference.py).
 - Alpaca: `{"instruction": str, "input": str, "output": str}` and ShareGPT:
   `{"conversations": [{"from": "human"|"gpt"|"system"|..., "value": str}]}` are read as chat.
 """
@@ -144,8 +144,6 @@ def check_record(record: Any) -> tuple[str | None, list[tuple[str, str]]]:
     elif fmt == "chat":
         _check_chat(record, out)
     elif fmt == "preference":
-        from eft.training.preference import check_preference
-
         check_preference(record, out)
     elif fmt == "prompt_completion":
         for key in ("prompt", "completion"):
@@ -380,3 +378,50 @@ def scan_jsonl(path: Path, max_problems: int = 20, columns: Mapping[str, str] | 
             if len(result.problems) < max_problems:
                 result.problems.append(RecordProblem(lineno, field_name, message))
     return result
+
+
+# --- preference pairs (DPO) ---------------------------------------------------------------
+
+#: Keys of a preference record.
+INPUT, PREFERRED, NON_PREFERRED = "input", "preferred_output", "non_preferred_output"
+
+
+
+def is_preference(record: Any) -> bool:
+    return isinstance(record, dict) and (PREFERRED in record or NON_PREFERRED in record)
+
+
+def check_preference(record: dict[str, Any], out: list[tuple[str, str]]) -> None:
+    """Per-field problems of a preference record, as (field, message), appended to `out`."""
+    prompt = record.get(INPUT)
+    if not isinstance(prompt, dict) or not isinstance(prompt.get("messages"), list) or not prompt["messages"]:
+        out.append((f"{INPUT}.messages", "must be a non-empty list of {role, content} objects: the conversation "
+                    "the two replies answer"))
+    else:
+        inner: list[tuple[str, str]] = []
+        for i, message in enumerate(prompt["messages"]):
+            _check_message(i, message, inner)
+        out.extend((f"{INPUT}.{field}", message) for field, message in inner)
+        last = prompt["messages"][-1]
+        if isinstance(last, dict) and last.get("role") == "assistant":
+            out.append((f"{INPUT}.messages[{len(prompt['messages']) - 1}].role",
+                        "the prompt must end with a user (or tool) message: the replies are the assistant's turn"))
+        tools = prompt.get("tools")
+        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+            out.append((f"{INPUT}.tools", "must be a list of tool definitions (objects)"))
+    for key in (PREFERRED, NON_PREFERRED):
+        reply = record.get(key)
+        if not isinstance(reply, list) or len(reply) != 1:
+            out.append((key, "must be a list holding one assistant message, e.g. "
+                        '[{"role": "assistant", "content": "..."}]'))
+            continue
+        inner = []
+        _check_message(0, reply[0], inner)
+        out.extend((f"{key}[0]{field.removeprefix('messages[0]')}", message) for field, message in inner)
+        if isinstance(reply[0], dict) and reply[0].get("role") != "assistant":
+            out.append((f"{key}[0].role", f"must be 'assistant', got {reply[0].get('role')!r}"))
+        if isinstance(reply[0], dict) and "weight" in reply[0]:
+            out.append((f"{key}[0].weight", "a preferred or non-preferred reply carries no weight: remove it"))
+    if (isinstance(record.get(PREFERRED), list) and isinstance(record.get(NON_PREFERRED), list)
+            and record[PREFERRED] == record[NON_PREFERRED]):
+        out.append((NON_PREFERRED, "is the same reply as preferred_output: nothing to prefer"))

@@ -9,7 +9,9 @@ A record has the shape OpenAI, Together and Fireworks share::
 Each reply is appended to the prompt's messages and the conversation rendered with the model's
 own chat template, exactly as a chat record is for supervised training (`training/chat.py`); the
 trained tokens are the final assistant turn's. So a pair is two `Example`s, chosen and rejected,
-that share the prompt's tokens.
+that share the prompt's tokens. Each part lives in its layer: the record's schema in
+`training/formats.py`, its tokenisation (`Pair`, `tokenize_preference`) in `training/data.py`, and
+the loss here.
 
 The loss is DPO's (Rafailov et al. 2023) in its sigmoid form, as TRL's `DPOTrainer` computes it:
 with pi and ref the summed log-probabilities of a reply's trained tokens under the policy and the
@@ -27,89 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from eft.training.data import IGNORE_INDEX, Example
+from eft.training.data import IGNORE_INDEX, Example, Pair
 
 if TYPE_CHECKING:
     import torch
-
-#: Keys of a preference record.
-INPUT, PREFERRED, NON_PREFERRED = "input", "preferred_output", "non_preferred_output"
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A prompt's preferred (chosen) and non-preferred (rejected) conversation, tokenised."""
-
-    chosen: Example
-    rejected: Example
-
-    @property
-    def tokens(self) -> int:
-        return len(self.chosen.input_ids) + len(self.rejected.input_ids)
-
-    @property
-    def loss_tokens(self) -> int:
-        return self.chosen.loss_tokens + self.rejected.loss_tokens
-
-
-def is_preference(record: Any) -> bool:
-    return isinstance(record, dict) and (PREFERRED in record or NON_PREFERRED in record)
-
-
-def check_preference(record: dict[str, Any], out: list[tuple[str, str]]) -> None:
-    """Per-field problems of a preference record, as (field, message), appended to `out`."""
-    from eft.training.formats import _check_message
-
-    prompt = record.get(INPUT)
-    if not isinstance(prompt, dict) or not isinstance(prompt.get("messages"), list) or not prompt["messages"]:
-        out.append((f"{INPUT}.messages", "must be a non-empty list of {role, content} objects: the conversation "
-                    "the two replies answer"))
-    else:
-        inner: list[tuple[str, str]] = []
-        for i, message in enumerate(prompt["messages"]):
-            _check_message(i, message, inner)
-        out.extend((f"{INPUT}.{field}", message) for field, message in inner)
-        last = prompt["messages"][-1]
-        if isinstance(last, dict) and last.get("role") == "assistant":
-            out.append((f"{INPUT}.messages[{len(prompt['messages']) - 1}].role",
-                        "the prompt must end with a user (or tool) message: the replies are the assistant's turn"))
-        tools = prompt.get("tools")
-        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-            out.append((f"{INPUT}.tools", "must be a list of tool definitions (objects)"))
-    for key in (PREFERRED, NON_PREFERRED):
-        reply = record.get(key)
-        if not isinstance(reply, list) or len(reply) != 1:
-            out.append((key, "must be a list holding one assistant message, e.g. "
-                        '[{"role": "assistant", "content": "..."}]'))
-            continue
-        inner = []
-        _check_message(0, reply[0], inner)
-        out.extend((f"{key}[0]{field.removeprefix('messages[0]')}", message) for field, message in inner)
-        if isinstance(reply[0], dict) and reply[0].get("role") != "assistant":
-            out.append((f"{key}[0].role", f"must be 'assistant', got {reply[0].get('role')!r}"))
-        if isinstance(reply[0], dict) and "weight" in reply[0]:
-            out.append((f"{key}[0].weight", "a preferred or non-preferred reply carries no weight: remove it"))
-    if (isinstance(record.get(PREFERRED), list) and isinstance(record.get(NON_PREFERRED), list)
-            and record[PREFERRED] == record[NON_PREFERRED]):
-        out.append((NON_PREFERRED, "is the same reply as preferred_output: nothing to prefer"))
-
-
-def tokenize_preference(tokenizer: Any, record: dict[str, Any], max_seq_len: int,
-                        system_message: str = "keep") -> Pair:
-    """The pair's two conversations, each truncated to `max_seq_len`, trained on the reply only.
-    Raises TemplateError when the template refuses the conversation."""
-    from eft.training.chat import tokenize_chat
-
-    prompt = record[INPUT]
-    out = []
-    for key in (PREFERRED, NON_PREFERRED):
-        reply = {k: v for k, v in record[key][0].items() if k != "weight"}
-        ids, trained = tokenize_chat(tokenizer, [*prompt["messages"], reply], prompt.get("tools"),
-                                     "last_assistant", system_message)
-        labels = [t if keep else IGNORE_INDEX for t, keep in zip(ids, trained)]
-        out.append(Example(ids[:max_seq_len], labels[:max_seq_len]))
-    return Pair(*out)
-
 
 # --- the loss --------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import pytest
 
 from eft.service import isolation
 from eft.service.settings import get_settings
+from eft.service.validation import helper_imports
 from tests.helpers.app import tenant_client
 from tests.helpers.hub import cached_model
 from tests.helpers.paths import REPO
@@ -54,7 +55,7 @@ def test_an_endless_chat_template_is_stopped_and_holds_no_other_tenant(limited, 
     """Before: one model helper per replica with no time limit: the template held it, and every
     tenant's create behind it, for good."""
     client, store, settings = service
-    isolation.warm(wait=True)  # a model helper up, as a replica warms it at start
+    isolation.warm(helper_imports, wait=True)  # a model helper up, as a replica warms it at start
     other = tenant_client(client.app, store, tenant="other")
     with other:
         def create(name):

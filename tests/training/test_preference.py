@@ -18,13 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eft.training.attention import VARLEN_NAMES, register as register_varlen
 from eft.training.chat import tokenize_chat
-from eft.training.data import IGNORE_INDEX, DataError, Example, TokenizeOptions, load_examples
+from eft.training.data import IGNORE_INDEX, DataError, Example, Pair, TokenizeOptions, load_examples, tokenize_preference
 from devkit.families import model_name
 from devkit.family_specs import FAMILIES
 from eft.training.packing import collate_packed, packed_inputs
-from eft.training.preference import (
-    Pair, micro_batch_loss, pair_logps, pair_sequences, sequence_bounds, tokenize_preference,
-)
+from eft.training.preference import micro_batch_loss, pair_logps, pair_sequences, sequence_bounds
 from eft.training.data import collate
 from tests.helpers.paths import REPO
 

@@ -7,6 +7,10 @@ Every import counts: module-level, inside functions, `importlib.import_module(".
 `__import__("...")`, and string literals that name a module (`"eft.api.deployment:app"`,
 `python -m eft.service.entrypoint`).
 
+No two first-party modules import each other, directly or around a loop, at module level or
+inside a function (an import inside a function is still an import: it only hides the loop).
+Imports under `if TYPE_CHECKING:` never run and name types only: they are not counted.
+
 Run: .venv/bin/python -m pytest tests/unit/test_layers.py -q
 """
 
@@ -50,12 +54,26 @@ def module_of(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def imported_names(path: Path, module: str) -> list[tuple[int, str]]:
-    """(line, module) for every module `path` imports or names, however it does it."""
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:` (never run)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    return skipped
+
+
+def imported_names(path: Path, module: str, executed_only: bool = False) -> list[tuple[int, str]]:
+    """(line, module) for every module `path` imports or names, however it does it; with
+    `executed_only`, only the imports that run (no `TYPE_CHECKING` block, no module named in a
+    string)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    skipped = _type_checking_only(tree) if executed_only else set()
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -66,12 +84,12 @@ def imported_names(path: Path, module: str) -> list[tuple[int, str]]:
             found.append((node.lineno, base))
             # `from eft import service` imports the subpackage eft.service.
             found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names
-                      if layer_of(f"{base}.{alias.name}") not in (None, layer_of(base))]
+                      if executed_only or layer_of(f"{base}.{alias.name}") not in (None, layer_of(base))]
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             name = getattr(node.func, "attr", getattr(node.func, "id", ""))
             if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
                 found.append((node.lineno, node.args[0].value))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not executed_only:
             # Only names of the server's packages: "eft.<anything>" is also a logger name.
             found += [(node.lineno, m) for m in MODULE_NAME.findall(node.value)
                       if layer_of(m) not in (None, "client")]
@@ -90,6 +108,82 @@ def violations(root: Path) -> list[str]:
                 if target_layer is not None and target_layer not in ALLOWED[source]:
                     wrong.add(f"{path.relative_to(root)}:{line}: {source} imports {target}")
     return sorted(wrong)
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every set of first-party modules that import one another around a loop (the strongly
+    connected components of the import graph with more than one module), sorted."""
+    paths = {module_of(path, root): path for folder in FOLDERS for path in sorted((root / folder).rglob("*.py"))}
+    graph: dict[str, set[str]] = {module: set() for module in paths}
+    for module, path in paths.items():
+        for _, target in imported_names(path, module, executed_only=True):
+            while target and target not in paths:  # `from eft.x import name`: the module eft.x
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                graph[module].add(target)
+    # Tarjan's algorithm, iterative.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return sorted(cycles)
+
+
+def test_no_two_modules_import_each_other():
+    assert import_cycles(REPO) == []
+
+
+def test_an_import_cycle_is_caught(tmp_path):
+    """The check itself can fail: a loop hidden in a function, a longer loop, and a type-only
+    import (which runs never, and so is no loop)."""
+    for folder in FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "training" / "data.py").write_text("from eft.training.formats import check\n")
+    (tmp_path / "training" / "formats.py").write_text("def check():\n    from eft.training.data import x\n")
+    (tmp_path / "service" / "a.py").write_text("from eft.service import b\n")
+    (tmp_path / "service" / "b.py").write_text("import eft.service.c\n")
+    (tmp_path / "service" / "c.py").write_text("from .a import thing\n")
+    (tmp_path / "eft" / "client.py").write_text("from eft.jobs import Jobs\n")
+    (tmp_path / "eft" / "jobs.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from eft.client import Client\n")
+    assert import_cycles(tmp_path) == [
+        ["eft.service.a", "eft.service.b", "eft.service.c"],
+        ["eft.training.data", "eft.training.formats"],
+    ]
 
 
 def test_every_import_points_down_the_layers():

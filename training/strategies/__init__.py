@@ -81,14 +81,3 @@ def build_strategy(cfg: TrainConfig) -> Strategy:
     except KeyError:
         raise KeyError(f"unknown strategy {cfg.strategy!r}; known: {', '.join(REGISTRY)}") from None
     return factory(cfg)
-
-
-def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def no_autocast() -> AbstractContextManager[Any]:
-    """For strategies whose wrapper casts by itself (FSDP's policy, DeepSpeed's modes)."""
-    import contextlib
-
-    return contextlib.nullcontext()

@@ -13,7 +13,7 @@ import torch
 from eft.training.config import TrainConfig
 from eft.training.lora import keep_activation_dtype
 from eft.training.model import compute_dtype, load_trainable_state, trainable_state
-from eft.training.strategies import trainable_parameters
+from eft.training.strategies.common import trainable_parameters
 
 
 class DDPStrategy:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from eft.training.config import TrainConfig
 from eft.training.model import compute_dtype
-from eft.training.strategies import no_autocast, trainable_parameters
+from eft.training.strategies.common import no_autocast, trainable_parameters
 
 
 def deepspeed_config(cfg: TrainConfig, stage: int, world_size: int) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import ray.train.torch
 
 from eft.training.config import TrainConfig
 from eft.training.model import compute_dtype
-from eft.training.strategies import no_autocast, trainable_parameters
+from eft.training.strategies.common import no_autocast, trainable_parameters
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 _FULL_OPTIMIZER = StateDictOptions(full_state_dict=True, cpu_offload=True)
