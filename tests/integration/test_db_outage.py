@@ -16,7 +16,7 @@ from eft.service.reporter import StoreReporter
 from eft.service.scheduler import Scheduler
 from eft.service.settings import Settings
 from eft.service.store import Store
-from eft.training import driver
+from eft.training import controller
 from eft.training.reporting import RunSpec
 from eft.types.jobs import JobStatus
 
@@ -108,9 +108,9 @@ def test_a_database_outage_mid_job_loses_nothing_and_ends_the_job_once(proxied_u
     assert job.status is JobStatus.running and launcher.state(job.submission_id) == RayJobState.RUNNING
 
     # The job's driver: its reporter writes through the same proxy; its callbacks' reports
-    # are patient (driver._Reporting.report).
+    # are patient (controller._Reporting.report).
     reporter = StoreReporter(url, job.id, job.attempt)
-    callbacks = driver._Reporting(reporter, RunSpec(job_id=job.id, attempt=job.attempt, tenant="t", name=None), {})
+    callbacks = controller._Reporting(reporter, RunSpec(job_id=job.id, attempt=job.attempt, tenant="t", name=None), {})
     for step in (1, 2):
         assert reporter.step(step, 1)
         reporter.metrics(step, {"loss": 3.0 - step})

@@ -6,7 +6,7 @@ from eft.training._ray import FailureDecision
 from ray.train.v2.api.exceptions import WorkerGroupError
 from ray.train.v2.api.preemption import PreemptionInfo
 
-from eft.training.driver import JobFailurePolicy
+from eft.training.controller import JobFailurePolicy
 from eft.training.errors import TrainingUserError
 
 
@@ -45,8 +45,8 @@ def test_an_early_restart_after_a_preemption_notice_sizes_the_group_without_the_
 
     from ray.train import ScalingConfig
 
-    from eft.training import driver
-    from eft.training.driver import LosslessResize
+    from eft.training import controller as driver
+    from eft.training.controller import LosslessResize
     from eft.training.errors import PreemptionCheckpointed
 
     driver.DRAINING.clear()

@@ -3,7 +3,7 @@ is dropped with a log rather than failing the controller (which would cost the j
 
 from __future__ import annotations
 
-from eft.training import driver
+from eft.training import controller as driver
 from eft.training.reporting import RunSpec
 
 
