@@ -49,7 +49,7 @@ class EftService:
             target=self.scheduler.run_forever, name="eft-scheduler", daemon=True
         )
         self._thread.start()
-        from eft.service.webhooks import WebhookSender
+        from eft.service.webhook_sender import WebhookSender
 
         self.webhooks = WebhookSender(self.job_service.store.engine, settings)
         self._webhook_thread = threading.Thread(target=self.webhooks.run_forever, name="eft-webhooks", daemon=True)

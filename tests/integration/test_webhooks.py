@@ -13,7 +13,8 @@ import pytest
 
 from tests.helpers.receiver import Receiver
 
-from eft.service.webhooks import WebhookSender, url_problem
+from eft.service.webhook_sender import WebhookSender
+from eft.service.webhooks import url_problem
 from eft.types.jobs import JobStatus
 
 
