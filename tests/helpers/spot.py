@@ -14,6 +14,18 @@ import pytest
 from tests.helpers.jobs import SPOT, until
 
 
+#: How far ahead of the training workers a spot node's own processes start (niceness steps).
+NODE_PRIORITY_BOOST = 10
+
+
+def _ahead_of_workers() -> None:
+    """In the child, before `ray start`: a higher priority where the test may set one (root)."""
+    try:
+        os.nice(-NODE_PRIORITY_BOOST)
+    except OSError:
+        pass
+
+
 class SpotNodes:
     """Extra Ray nodes on this machine, each offering one `eft_test_spot` slot, as spot nodes
     do. SIGTERM to a node's `ray start --block` drains it first (a preemption notice with a
@@ -44,12 +56,18 @@ class SpotNodes:
         # polls every 0.5 s here (EFT_PREEMPTION_POLL_INTERVAL_S), and the preemption checkpoint
         # is saved and registered within a second or two of the notice; an elastic job then
         # goes on without the node at once, a fixed-size one waits out the notice.
-        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "15"}
+        # A node's raylet dies when its dashboard agent (a Python process with a large import)
+        # has not started within ~16 s, and `ray start` gives up after 30 s: on two cores that
+        # training workers fill at the same priority, both happen. The node's own processes
+        # start ahead of them (where this process may raise a priority), and its workers go
+        # back to the priority the head's run at.
+        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "15",
+               "RAY_worker_niceness": str(NODE_PRIORITY_BOOST)}
         log = open(self.log_dir / f"node-{len(self.procs)}.log", "w")
         proc = subprocess.Popen(
             [str(Path(sys.executable).with_name("ray")), "start", f"--address={self.gcs_address}", "--num-cpus=1",
              f'--resources={{"{SPOT}": 1}}', "--block"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_ahead_of_workers,
         )
         self.procs.append(proc)
         return proc
