@@ -14,7 +14,6 @@ from eft.service.db import aware, once, retry_on_disconnect, utcnow, writing
 from eft.service.schema import checkpoints, job_events, job_metrics, jobs
 from eft.training import storage
 
-_aware = aware
 #: Statements the hot paths run, built once (building one costs more CPU than running it).
 _INSERT_EVENT = job_events.insert()
 # Each job's newest metrics row, for the jobs `ids`.
@@ -96,7 +95,7 @@ class JobHistory:
             rows = conn.execute(query).all()
         events = [
             EventRecord(
-                id=r.id, job_id=r.job_id, attempt=r.attempt, created_at=_aware(r.created_at),
+                id=r.id, job_id=r.job_id, attempt=r.attempt, created_at=aware(r.created_at),
                 type=r.type, level=r.level, message=r.message, data=r.data or {},
             )
             for r in rows[:limit]
@@ -137,7 +136,7 @@ class JobHistory:
         by_step: dict[int, dict[str, Any]] = {}
         for r in rows:
             merged = {**by_step.get(r.step, {}).get("values", {}), **r.values}
-            by_step[r.step] = {"step": r.step, "created_at": _aware(r.created_at), "values": merged}
+            by_step[r.step] = {"step": r.step, "created_at": aware(r.created_at), "values": merged}
         return [by_step[s] for s in sorted(by_step)]
 
     def latest_metric_values(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -195,6 +194,6 @@ class JobHistory:
                 {"step": r.step, "attempt": r.attempt, "path": r.path, "metrics": r.metrics,
                  "world_size": r.world_size, "reason": r.reason, "size_bytes": r.size_bytes,
                  "save_seconds": r.save_seconds, "available": storage.exists(r.path),
-                 "created_at": _aware(r.created_at)}
+                 "created_at": aware(r.created_at)}
                 for r in conn.execute(query).all()
             ]
