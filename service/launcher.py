@@ -13,12 +13,18 @@ from __future__ import annotations
 import logging
 import shlex
 import sys
+import time
 from typing import Protocol
 
 from eft.service import credentials
 from eft.service.settings import Settings
 
 log = logging.getLogger("eft.launcher")
+
+#: How long a submit waits for a cluster that has no job agent yet (it has just started).
+AGENT_WAIT_S = 30.0
+#: What Ray's dashboard answers to a submit before any node's job agent has registered.
+NO_AGENT = "No available agent to submit job"
 
 
 class RayJobState:
@@ -94,7 +100,7 @@ class RayJobsLauncher:
             # The key Ray's dashboard lists as the job's name in its Jobs view.
             metadata["job_name"] = f"{name[:180]} ({job_id})"
         try:
-            self.client.submit_job(
+            self._submit_job(
                 entrypoint=entrypoint,
                 submission_id=submission_id,
                 runtime_env=runtime_env,
@@ -122,7 +128,7 @@ class RayJobsLauncher:
         if credentials.FILE_VAR in env:
             runtime_env["worker_process_setup_hook"] = credentials.SETUP_HOOK
         try:
-            self.client.submit_job(
+            self._submit_job(
                 entrypoint=(f"{shlex.quote(sys.executable)} -m eft.service.exports "
                             f"--job-id {shlex.quote(job_id)} --export-id {int(export_id)}{options}"),
                 submission_id=submission_id, runtime_env=runtime_env,
@@ -135,6 +141,23 @@ class RayJobsLauncher:
             if "already exists" not in str(exc):
                 raise
         return submission_id
+
+    def _submit_job(self, **kwargs) -> None:
+        """`submit_job`, waiting up to AGENT_WAIT_S for the cluster's job agent: a cluster that
+        has just started (or a head that restarted) refuses jobs until its agents register,
+        which is not the job's fault and must not use up its dispatch attempts."""
+        deadline = time.monotonic() + AGENT_WAIT_S
+        pause = 0.5
+        while True:
+            try:
+                self.client.submit_job(**kwargs)
+                return
+            except RuntimeError as exc:
+                if NO_AGENT not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+                log.info("no Ray job agent yet for %s, retrying in %.1fs", kwargs.get("submission_id"), pause)
+                time.sleep(pause)
+                pause = min(pause * 2, 4.0)
 
     def state(self, submission_id: str) -> str:
         try:

@@ -40,7 +40,7 @@ _MACHINE_CALIBRATION: list[float] = []
 
 
 def machine_factor() -> float:
-    """How much slower than the budgets' machine this one ran the calibration when the run began
+    """How much slower than a quiet machine of its kind this one ran the calibration when the run began
     (from 1 up to the budgets file's `most`): what the tiers' budgets are scaled by, and what
     the tests' deadlines for a job or a node (tests/helpers/jobs.py:until) are stretched by, so
     that a machine twice as slow waits twice as long instead of failing a check that holds."""
@@ -53,7 +53,7 @@ def machine_factor() -> float:
 
 
 def speed_factor(measured_s: float, reference_s: float, most: float) -> float:
-    """How much slower this machine ran the calibration than the budgets' machine: budgets are
+    """How much slower this machine ran the calibration than a quiet one of its kind: budgets are
     scaled by it, from 1 (never below the budget) up to `most` (a machine slower than that is
     not a reason to pass a tier that is slower still)."""
     return min(max(measured_s / reference_s, 1.0), most)
@@ -99,10 +99,35 @@ def load_budgets(path: Path = BUDGETS_FILE) -> tuple[dict[str, float], float]:
     return {name: float(tier["minutes"]) for name, tier in data["tiers"].items()}, float(data["tolerance"])
 
 
-def load_calibration(path: Path = BUDGETS_FILE) -> tuple[float, float]:
-    """(the calibration's seconds on the budgets' machine, the most budgets are scaled by)."""
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it ("" where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def reference_for(references: float | dict[str, float], model: str) -> float:
+    """The calibration's seconds on a quiet machine of this CPU model: the budgets file gives one
+    per kind of machine the budgets were measured on, keyed by a part of the model name (a CPU
+    fast at the calibration's loop is not always as fast at the tests: each kind is compared with
+    itself quiet). A model not listed is compared with the fastest listed, the most lenient."""
+    if not isinstance(references, dict):
+        return float(references)
+    for part, seconds in references.items():
+        if part.lower() in model.lower():
+            return float(seconds)
+    return min((float(v) for v in references.values()), default=0.0)
+
+
+def load_calibration(path: Path = BUDGETS_FILE, model: str | None = None) -> tuple[float, float]:
+    """(the calibration's seconds on a quiet machine like this one, the most budgets are scaled by)."""
     data = tomllib.loads(path.read_text()).get("calibration", {})
-    return float(data.get("reference_s", 0.0)), float(data.get("most", 1.0))
+    reference = reference_for(data.get("reference_s", 0.0), cpu_model() if model is None else model)
+    return reference, float(data.get("most", 1.0))
 
 
 def judge(seconds_by_tier: dict[str, float], budgets_min: dict[str, float], tolerance: float,
@@ -172,7 +197,7 @@ class TierBudgets:
         if self.calibrations:
             terminalreporter.write_line(
                 f"machine speed: calibration {min(self.calibrations):.3f} s against {self.reference_s:.3f} s on "
-                f"the budgets' machine: budgets x{self.factor:.2f} (at most x{self.most:g})")
+                f"a quiet {cpu_model() or 'machine'}: budgets x{self.factor:.2f} (at most x{self.most:g})")
         for verdict in verdicts:
             markup = {"ok": {}, "over": {"yellow": True}, "failed": {"red": True, "bold": True}}[verdict.state]
             terminalreporter.write_line(f"tier {verdict.line()}", **markup)

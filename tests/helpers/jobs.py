@@ -58,7 +58,7 @@ def events_of(url: str, job_id: str) -> list[dict]:
 
 def until(what: str, check: Callable[[], Any], timeout_s: float = 240) -> Any:
     """Poll `check` until it returns something truthy; fail naming `what` otherwise. `timeout_s`
-    is what the budgets' machine needs at most; a slower machine gets proportionally longer
+    is what a quiet machine needs at most; a slower machine gets proportionally longer
     (tests/helpers/budgets.py:machine_factor)."""
     factor = machine_factor()
     deadline = time.monotonic() + timeout_s * factor

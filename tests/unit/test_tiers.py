@@ -141,3 +141,16 @@ def test_deadlines_stretch_with_the_machines_measured_slowness(monkeypatch, tmp_
     assert budgets.machine_factor() == pytest.approx(3.0)  # at most `most`
     monkeypatch.setattr(budgets, "_MACHINE_CALIBRATION", [0.05])
     assert budgets.machine_factor() == 1.0  # a faster machine keeps the deadlines as written
+
+
+def test_each_kind_of_machine_is_compared_with_itself_quiet():
+    """The loop's reference is the one of the CPU model the run is on; a model not listed is
+    compared with the fastest listed (the most lenient); a single number is every machine's."""
+    from tests.helpers.budgets import reference_for
+
+    references = {"AMD EPYC": 0.093, "Intel(R) Xeon": 0.145}
+    assert reference_for(references, "AMD EPYC 9B45") == 0.093
+    assert reference_for(references, "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz") == 0.145
+    assert reference_for(references, "Apple M3") == 0.093
+    assert reference_for(0.12, "anything") == 0.12
+    assert reference_for({}, "anything") == 0.0  # no reference: budgets are not scaled
