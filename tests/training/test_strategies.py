@@ -271,19 +271,21 @@ def test_a_job_continued_from_anothers_checkpoint_equals_the_undisturbed_run(tra
 
 
 #: Options, each trained once with the strategy they concern; several share a run where they
-#: combine in practice.
+#: combine in practice (QLoRA computes in bf16 with gradient checkpointing). On 2 workers but where
+#: the option does not concern the workers' exchange (8-bit weights: 1).
 OPTIONS = {
-    "ddp-bf16-gradient-checkpointing-eager-attention": ("ddp", {"precision": "bf16", "gradient_checkpointing": True,
-                                                                "attention": "eager"}),
     # Dynamic loss scaling skips the first steps while the scale falls from 2^16 (GradScaler's
     # start) to what fits fp16: twice the steps, so that the updates after them show in the loss.
+    # Two workers: a step one rank skips for an overflow, every rank must skip.
     "ddp-fp16-loss-scaling": ("ddp", {"precision": "fp16", "total_steps": 2 * STEPS}),
     "fsdp-bf16-offload": ("fsdp", {"precision": "bf16", "offload": "optimizer+params"}),
     "zero2-bf16-offload-optimizer": ("zero2", {"precision": "bf16", "offload": "optimizer"}),
     "zero3-offload-params-checkpointing": ("zero3", {"offload": "optimizer+params", "gradient_checkpointing": True}),
-    "qlora-8bit": ("ddp", {"method": "qlora", "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_bits=8)}),
-    "qlora-4bit-fp4-checkpointing": ("ddp", {"method": "qlora", "gradient_checkpointing": True,
-                                             "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_type="fp4")}),
+    "qlora-8bit-one-worker": ("ddp", {"method": "qlora", "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_bits=8),
+                                      "min_workers": 1, "max_workers": 1}),
+    "qlora-4bit-fp4-bf16-checkpointing-eager-attention": ("ddp", {
+        "method": "qlora", "precision": "bf16", "gradient_checkpointing": True, "attention": "eager",
+        "lora": LoraSpec(r=8, alpha=16, dropout=0.0, quant_type="fp4")}),
 }
 # Full fine-tuning trains under FSDP as a job of the service (test_families_jobs.py, a tied-embedding
 # model) and under DDP with DPO (test_strategies_dpo.py).
@@ -297,5 +299,7 @@ def test_each_option_trains(name, train):
     assert len(losses) == overrides.get("total_steps", STEPS) and all(loss == loss for loss in losses)  # no NaN
     assert losses[-1] < losses[0], losses
     final = run.job.result_metrics
-    assert final["peak_memory_gb"] > 0.05 and final["peak_memory_gb_rank1"] > 0.05
+    assert final["peak_memory_gb"] > 0.05
+    workers = overrides.get("max_workers", 2)
+    assert run.world_sizes == {workers} and (workers == 1 or final["peak_memory_gb_rank1"] > 0.05)
     assert run.weights
