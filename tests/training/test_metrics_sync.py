@@ -18,13 +18,14 @@ import ray.train.torch
 from ray.train import RunConfig, ScalingConfig
 
 from eft.training import loop
+from eft.training.objectives import sft
 from eft.training.config import LoraSpec, TrainConfig
 from eft.training.errors import TrainingUserError
 from devkit.families import model_name
 from tests.helpers.paths import REPO
 
 STEPS = 8
-REDUCE, LOSS_SUM = loop._all_reduce_sum, loop.token_loss_sum
+REDUCE, LOSS_SUM = loop._all_reduce_sum, sft.token_loss_sum
 
 
 def _config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_s: float, poiso
 
     monkeypatch.setattr(loop, "_all_reduce_sum", counted)
     if poison_step is not None:
-        monkeypatch.setattr(loop, "token_loss_sum", lambda model, batch: LOSS_SUM(model, batch) * (
+        monkeypatch.setattr(sft, "token_loss_sum", lambda model, batch: LOSS_SUM(model, batch) * (
             math.nan if recipe_of["r"].step == poison_step - 1 else 1.0))
     recipe_of: dict[str, Any] = {}
 

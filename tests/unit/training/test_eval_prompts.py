@@ -4,7 +4,7 @@ first trained token, and the trained run after them as the reference reply."""
 from __future__ import annotations
 
 from eft.training.data import IGNORE_INDEX, Example
-from eft.training.loop import sample_prompts
+from eft.training.evaluation import sample_prompts
 
 X = IGNORE_INDEX
 

@@ -9,7 +9,7 @@ from eft.training._ray import train_context
 from eft.training._ray import PreemptionContext
 from ray.train.v2.api.preemption import PreemptionInfo
 
-from eft.training.loop import delivered_preemption_notice
+from eft.training.interruptions import delivered_preemption_notice
 
 
 @pytest.fixture
