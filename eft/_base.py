@@ -192,6 +192,12 @@ class BaseClient:
         return status_error(response.status_code, body, response.headers.get("x-request-id"),
                             retry_after_s(response))
 
+    def _download_kwargs(self, path: str, params: Mapping) -> dict[str, Any]:
+        kwargs = self._request_kwargs("GET", path, None, params, None)
+        kwargs["headers"]["Accept"] = "application/octet-stream"
+        del kwargs["json"]
+        return kwargs
+
     def _follow_kwargs(self, path: str, params: Mapping, last_event_id: str | None) -> dict[str, Any]:
         kwargs = self._request_kwargs("GET", path, None, params, None)
         kwargs["headers"]["Accept"] = "text/event-stream"

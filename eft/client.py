@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
 
-from eft._base import BaseClient, M, __version__, plan_body
+from eft._base import BaseClient, EventParser, M, ServerEvent, __version__, plan_body, server_events
 from eft.files import AsyncFiles, Files
 from eft.jobs import AsyncJobPage, AsyncJobs, JobPage, Jobs
 from eft.models import AsyncModels, Models
@@ -107,6 +107,50 @@ class Client(BaseClient):
     def _request_bytes(self, method: str, path: str, **kwargs: Any) -> bytes:
         return self._send(method, path, **kwargs).content
 
+    def _events(self, path: str, params: Mapping[str, Any]) -> Iterator[ServerEvent]:
+        """The server-sent events of a GET as they come. A dropped connection is resumed from
+        the last event id received (`Last-Event-ID`), up to `max_retries` times."""
+        last_id: str | None = None
+        for retry in range(self.max_retries + 1):
+            kwargs = self._follow_kwargs(path, params, last_id)
+            try:
+                with self._http.stream(**kwargs) as response:
+                    if not response.is_success:
+                        response.read()
+                        raise self._error(response)
+                    for event in server_events(response.iter_lines()):
+                        last_id = event.id or last_id
+                        yield event
+                return  # the server closed the stream: nothing more to read
+            except httpx.TransportError as exc:
+                if retry >= self.max_retries:
+                    raise self._transport_error(exc, kwargs["url"]) from exc
+                self._sleep(self._backoff_s(retry))
+
+    def _download(self, path: str, params: Mapping[str, Any], open_sink: Callable[[], Any]) -> Any:
+        """A streamed GET of one file into `open_sink()`'s sink; a dropped connection starts it
+        over on a new sink, up to `max_retries` times. Returns the sink's `finish()`."""
+        kwargs = self._download_kwargs(path, params)
+        for retry in range(self.max_retries + 1):
+            sink = open_sink()
+            try:
+                with self._http.stream(**kwargs) as response:
+                    if not response.is_success:
+                        response.read()
+                        raise self._error(response)
+                    for chunk in response.iter_bytes():
+                        sink.write(chunk)
+                return sink.finish()
+            except httpx.TransportError as exc:
+                sink.abort()
+                if retry >= self.max_retries:
+                    raise self._transport_error(exc, kwargs["url"]) from exc
+                self._sleep(self._backoff_s(retry))
+            except BaseException:
+                sink.abort()
+                raise
+        raise AssertionError("unreachable: the last try always returns or raises")
+
 
 class AsyncClient(BaseClient):
     """Asynchronous client, same surface as `Client`; `sleep` defaults to `asyncio.sleep`."""
@@ -168,3 +212,48 @@ class AsyncClient(BaseClient):
 
     async def _request_bytes(self, method: str, path: str, **kwargs: Any) -> bytes:
         return (await self._send(method, path, **kwargs)).content
+
+    async def _events(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[ServerEvent]:
+        """`Client._events`, as the events come in on this event loop."""
+        last_id: str | None = None
+        for retry in range(self.max_retries + 1):
+            kwargs = self._follow_kwargs(path, params, last_id)
+            try:
+                async with self._http.stream(**kwargs) as response:
+                    if not response.is_success:
+                        await response.aread()
+                        raise self._error(response)
+                    parser = EventParser()
+                    async for line in response.aiter_lines():
+                        event = parser.feed(line)
+                        if event is not None:
+                            last_id = event.id or last_id
+                            yield event
+                return
+            except httpx.TransportError as exc:
+                if retry >= self.max_retries:
+                    raise self._transport_error(exc, kwargs["url"]) from exc
+                await self._sleep(self._backoff_s(retry))
+
+    async def _download(self, path: str, params: Mapping[str, Any], open_sink: Callable[[], Any]) -> Any:
+        """`Client._download`, streamed on this event loop."""
+        kwargs = self._download_kwargs(path, params)
+        for retry in range(self.max_retries + 1):
+            sink = open_sink()
+            try:
+                async with self._http.stream(**kwargs) as response:
+                    if not response.is_success:
+                        await response.aread()
+                        raise self._error(response)
+                    async for chunk in response.aiter_bytes():
+                        sink.write(chunk)
+                return sink.finish()
+            except httpx.TransportError as exc:
+                sink.abort()
+                if retry >= self.max_retries:
+                    raise self._transport_error(exc, kwargs["url"]) from exc
+                await self._sleep(self._backoff_s(retry))
+            except BaseException:
+                sink.abort()
+                raise
+        raise AssertionError("unreachable: the last try always returns or raises")

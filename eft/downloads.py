@@ -8,16 +8,15 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import httpx
 
 from eft._errors import DownloadError
 from eft.types.jobs import ArtifactFile, ArtifactFileList
 
 if TYPE_CHECKING:
-    from eft.client import AsyncClient, Client
+    from eft._resource import AsyncAPIResource, SyncAPIResource
 
 
 def _target(dest: Path, entry: ArtifactFile) -> Path:
@@ -34,15 +33,8 @@ def _params(checkpoint: int | None, export: str | None = None) -> dict[str, int 
     return params
 
 
-def _file_requests(client: Client | AsyncClient, job_id: str, listing: ArtifactFileList,
-                   checkpoint: int | None, export: str | None = None) -> Iterator[tuple[ArtifactFile, dict[str, Any]]]:
-    """Each listed file with the keyword arguments of the streamed GET that fetches it."""
-    for entry in listing.data:
-        kwargs = client._request_kwargs("GET", f"/jobs/{job_id}/artifacts/{quote(entry.path)}", None,
-                                        _params(checkpoint, export), None)
-        kwargs["headers"]["Accept"] = "application/octet-stream"
-        del kwargs["json"]
-        yield entry, kwargs
+def _file_path(job_id: str, entry: ArtifactFile) -> str:
+    return f"/jobs/{job_id}/artifacts/{quote(entry.path)}"
 
 
 class _Sink:
@@ -74,59 +66,20 @@ class _Sink:
         self.partial.unlink(missing_ok=True)
 
 
-def download(client: Client, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None,
+def download(jobs: SyncAPIResource, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None,
              export: str | None = None) -> list[Path]:
+    """Every file the service lists for the job (`jobs` is `client.jobs`), one after the other."""
     dest = Path(dest)
-    listing = client._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList,
-                              params=_params(checkpoint, export))
-    written = []
-    for entry, kwargs in _file_requests(client, job_id, listing, checkpoint, export):
-        for retry in range(client.max_retries + 1):
-            sink = _Sink(dest, entry)
-            try:
-                with client._http.stream(**kwargs) as response:
-                    if not response.is_success:
-                        response.read()
-                        raise client._error(response)
-                    for chunk in response.iter_bytes():
-                        sink.write(chunk)
-                written.append(sink.finish())
-                break
-            except httpx.TransportError as exc:
-                sink.abort()
-                if retry >= client.max_retries:
-                    raise client._transport_error(exc, kwargs["url"]) from exc
-                client._sleep(client._backoff_s(retry))
-            except BaseException:
-                sink.abort()
-                raise
-    return written
+    params = _params(checkpoint, export)
+    listing = jobs._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList, params=params)
+    return [jobs._download(_file_path(job_id, entry), params, lambda entry=entry: _Sink(dest, entry))
+            for entry in listing.data]
 
 
-async def download_async(client: AsyncClient, job_id: str, dest: str | os.PathLike,
+async def download_async(jobs: AsyncAPIResource, job_id: str, dest: str | os.PathLike,
                          checkpoint: int | None = None, export: str | None = None) -> list[Path]:
     dest = Path(dest)
-    listing = await client._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList,
-                                    params=_params(checkpoint, export))
-    written = []
-    for entry, kwargs in _file_requests(client, job_id, listing, checkpoint, export):
-        for retry in range(client.max_retries + 1):
-            sink = _Sink(dest, entry)
-            try:
-                async with client._http.stream(**kwargs) as response:
-                    if not response.is_success:
-                        await response.aread()
-                        raise client._error(response)
-                    async for chunk in response.aiter_bytes():
-                        sink.write(chunk)
-                written.append(sink.finish())
-                break
-            except httpx.TransportError as exc:
-                sink.abort()
-                if retry >= client.max_retries:
-                    raise client._transport_error(exc, kwargs["url"]) from exc
-                await client._sleep(client._backoff_s(retry))
-            except BaseException:
-                sink.abort()
-                raise
-    return written
+    params = _params(checkpoint, export)
+    listing = await jobs._request("GET", f"/jobs/{job_id}/artifacts", cast=ArtifactFileList, params=params)
+    return [await jobs._download(_file_path(job_id, entry), params, lambda entry=entry: _Sink(dest, entry))
+            for entry in listing.data]

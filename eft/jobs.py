@@ -8,11 +8,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import httpx
-
-from eft._base import EventParser, create_body, list_params, server_events
+from eft._base import create_body, list_params
+from eft._resource import AsyncAPIResource, SyncAPIResource
 from eft._errors import WaitTimeoutError
 from eft.types.webhooks import WebhookDeliveryList
 from eft.types.jobs import (
@@ -29,8 +28,6 @@ from eft.types.jobs import (
     JobStatus,
 )
 
-if TYPE_CHECKING:
-    from eft.client import AsyncClient, Client
 
 ProgressCallback = Callable[[Job, JobMetric | None], Any]
 
@@ -74,11 +71,8 @@ class AsyncJobPage:
             page = await page.next_page()
 
 
-class Jobs:
+class Jobs(SyncAPIResource):
     """`client.jobs`: create, inspect, cancel and wait for fine-tuning jobs."""
-
-    def __init__(self, client: Client):
-        self._client = client
 
     def create(self, request: JobCreate | Mapping[str, Any] | None = None, **fields: Any) -> Job:
         """Submit a job (POST /jobs); `fields` override `request`. Returns the new `Job`.
@@ -86,50 +80,50 @@ class Jobs:
         Raises pydantic.ValidationError before sending when the request is invalid, and
         `EftError` subclasses for what the service answers.
         """
-        return self._client._request("POST", "/jobs", cast=Job, json=create_body(request, fields),
+        return self._request("POST", "/jobs", cast=Job, json=create_body(request, fields),
                                      idempotency_key=str(uuid.uuid4()))
 
     def retrieve(self, job_id: str) -> Job:
         """Return the job (GET /jobs/{id}); raises `NotFoundError` when there is none."""
-        return self._client._request("GET", f"/jobs/{job_id}", cast=Job)
+        return self._request("GET", f"/jobs/{job_id}", cast=Job)
 
     def list(self, limit: int = 20, after: str | None = None, status: JobStatus | str | None = None) -> JobPage:
         """Return the first page of jobs, newest first; iterate it to walk every page."""
-        body = self._client._request("GET", "/jobs", cast=JobList, params=list_params(limit, after, status))
+        body = self._request("GET", "/jobs", cast=JobList, params=list_params(limit, after, status))
         return JobPage(body, lambda cursor: self.list(limit=limit, after=cursor, status=status))
 
     def cancel(self, job_id: str) -> Job:
         """Ask the job to stop (POST /jobs/{id}/cancel); returns it, usually `cancelling`."""
-        return self._client._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
+        return self._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
 
     def pause(self, job_id: str) -> Job:
         """Pause the job (POST /jobs/{id}/pause): it checkpoints at once and releases its
         workers; returns it `pausing` (then `paused`), or `paused` when it was queued."""
-        return self._client._request("POST", f"/jobs/{job_id}/pause", cast=Job)
+        return self._request("POST", f"/jobs/{job_id}/pause", cast=Job)
 
     def resume(self, job_id: str) -> Job:
         """Queue a paused job again (POST /jobs/{id}/resume); it continues from its pause
         checkpoint with as many workers as the cluster gives."""
-        return self._client._request("POST", f"/jobs/{job_id}/resume", cast=Job)
+        return self._request("POST", f"/jobs/{job_id}/resume", cast=Job)
 
     def webhooks(self, job_id: str) -> WebhookDeliveryList:
         """The job's webhook deliveries, each with every attempt (GET /jobs/{id}/webhooks)."""
-        return self._client._request("GET", f"/jobs/{job_id}/webhooks", cast=WebhookDeliveryList)
+        return self._request("GET", f"/jobs/{job_id}/webhooks", cast=WebhookDeliveryList)
 
     def list_events(self, job_id: str, after: int | None = None, limit: int = 100) -> JobEventList:
         """Return the job's events with id greater than `after`, oldest first."""
-        return self._client._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
+        return self._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
                                      params={"after": after, "limit": limit})
 
     def metrics(self, job_id: str, *, after_step: int | None = None, limit: int | None = None) -> JobMetricList:
         """Return the job's reported training metrics, oldest step first (a page of at most
         `limit` steps after `after_step`; `has_more` says whether more follow)."""
         params = {k: v for k, v in {"after_step": after_step, "limit": limit}.items() if v is not None}
-        return self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList, params=params or None)
+        return self._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList, params=params or None)
 
     def checkpoints(self, job_id: str) -> JobCheckpointList:
         """Return every checkpoint the job saved, oldest first (`available` once pruned: False)."""
-        return self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
+        return self._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
 
     def download(self, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None,
                  merged: bool = False) -> list[Path]:
@@ -139,19 +133,19 @@ class Jobs:
         the job succeeded (or the merged export is written)."""
         from eft.downloads import download
 
-        return download(self._client, job_id, dest, checkpoint, "merged" if merged else None)
+        return download(self, job_id, dest, checkpoint, "merged" if merged else None)
 
     def export(self, job_id: str, kind: str = "merged", hub_repo: str | None = None,
                hub_private: bool = True) -> Export:
         """Start exporting the job's model (`merged`: base + adapter as one model), and pushing
         it to the Hugging Face Hub repository `hub_repo` if given; returns the export (the one
         already running or done, if any)."""
-        return self._client._request("POST", f"/jobs/{job_id}/export", cast=Export,
+        return self._request("POST", f"/jobs/{job_id}/export", cast=Export,
                                      json={"kind": kind, "hub_repo": hub_repo, "hub_private": hub_private})
 
     def exports(self, job_id: str) -> ExportList:
         """The job's exports and their status."""
-        return self._client._request("GET", f"/jobs/{job_id}/exports", cast=ExportList)
+        return self._request("GET", f"/jobs/{job_id}/exports", cast=ExportList)
 
     def wait_export(self, job_id: str, kind: str = "merged", poll_interval_s: float = 1.0,
                     timeout_s: float | None = None, hub_repo: str | None = None) -> Export:
@@ -162,43 +156,28 @@ class Jobs:
         while export.status == "running":
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise WaitTimeoutError(f"export {export.id} of {job_id} still running after {timeout_s} s")
-            self._client._sleep(poll_interval_s)
+            self._sleep(poll_interval_s)
             export = next(e for e in self.exports(job_id).data if e.id == export.id)
         return export
 
     def manifest(self, job_id: str) -> dict[str, Any]:
         """Return the artifact's `eft_manifest.json`; raises `ConflictError` before it exists."""
-        return self._client._request_json("GET", f"/jobs/{job_id}/manifest")
+        return self._request_json("GET", f"/jobs/{job_id}/manifest")
 
     def logs(self, job_id: str, attempt: int | None = None, tail: int | None = None) -> JobLogs:
         """Return the driver logs of the job's latest attempt (or `attempt`), from Ray Jobs."""
-        return self._client._request("GET", f"/jobs/{job_id}/logs", cast=JobLogs,
+        return self._request("GET", f"/jobs/{job_id}/logs", cast=JobLogs,
                                      params={"attempt": attempt, "tail": tail})
 
     def follow_logs(self, job_id: str, attempt: int | None = None) -> Iterator[str]:
         """Yield the job's log lines as they are written, until the job ends (server-sent
         events from GET /jobs/{id}/logs?follow=true). A dropped connection is resumed from the
         last line received (`Last-Event-ID`), up to `max_retries` times. Raises `EftError`."""
-        path, params = f"/jobs/{job_id}/logs", {"follow": "true", "attempt": attempt}
-        last_id: str | None = None
-        for retry in range(self._client.max_retries + 1):
-            kwargs = self._client._follow_kwargs(path, params, last_id)
-            try:
-                with self._client._http.stream(**kwargs) as response:
-                    if not response.is_success:
-                        response.read()
-                        raise self._client._error(response)
-                    for event in server_events(response.iter_lines()):
-                        if event.event == "end":
-                            return
-                        if event.event is None:  # a log line; other events tell of attempts
-                            last_id = event.id or last_id
-                            yield event.data
-                return  # the server closed the stream without an end: nothing more to read
-            except httpx.TransportError as exc:
-                if retry >= self._client.max_retries:
-                    raise self._client._transport_error(exc, kwargs["url"]) from exc
-                self._client._sleep(self._client._backoff_s(retry))
+        for event in self._events(f"/jobs/{job_id}/logs", {"follow": "true", "attempt": attempt}):
+            if event.event == "end":
+                return
+            if event.event is None:  # a log line; other events tell of attempts
+                yield event.data
 
     def wait(self, job_id: str, poll_interval_s: float = 1.0, timeout_s: float | None = None,
              on_progress: ProgressCallback | None = None) -> Job:
@@ -217,63 +196,60 @@ class Jobs:
                 return job
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(job, timeout_s)
-            self._client._sleep(poll_interval_s)
+            self._sleep(poll_interval_s)
 
 
-class AsyncJobs:
+class AsyncJobs(AsyncAPIResource):
     """`async_client.jobs`: the coroutine twin of `Jobs`; see it for each method's contract."""
 
-    def __init__(self, client: AsyncClient):
-        self._client = client
-
     async def create(self, request: JobCreate | Mapping[str, Any] | None = None, **fields: Any) -> Job:
-        return await self._client._request("POST", "/jobs", cast=Job, json=create_body(request, fields),
+        return await self._request("POST", "/jobs", cast=Job, json=create_body(request, fields),
                                            idempotency_key=str(uuid.uuid4()))
 
     async def retrieve(self, job_id: str) -> Job:
-        return await self._client._request("GET", f"/jobs/{job_id}", cast=Job)
+        return await self._request("GET", f"/jobs/{job_id}", cast=Job)
 
     async def list(self, limit: int = 20, after: str | None = None,
                    status: JobStatus | str | None = None) -> AsyncJobPage:
-        body = await self._client._request("GET", "/jobs", cast=JobList, params=list_params(limit, after, status))
+        body = await self._request("GET", "/jobs", cast=JobList, params=list_params(limit, after, status))
         return AsyncJobPage(body, lambda cursor: self.list(limit=limit, after=cursor, status=status))
 
     async def cancel(self, job_id: str) -> Job:
-        return await self._client._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
+        return await self._request("POST", f"/jobs/{job_id}/cancel", cast=Job)
 
     async def webhooks(self, job_id: str) -> WebhookDeliveryList:
-        return await self._client._request("GET", f"/jobs/{job_id}/webhooks", cast=WebhookDeliveryList)
+        return await self._request("GET", f"/jobs/{job_id}/webhooks", cast=WebhookDeliveryList)
 
     async def pause(self, job_id: str) -> Job:
-        return await self._client._request("POST", f"/jobs/{job_id}/pause", cast=Job)
+        return await self._request("POST", f"/jobs/{job_id}/pause", cast=Job)
 
     async def resume(self, job_id: str) -> Job:
-        return await self._client._request("POST", f"/jobs/{job_id}/resume", cast=Job)
+        return await self._request("POST", f"/jobs/{job_id}/resume", cast=Job)
 
     async def list_events(self, job_id: str, after: int | None = None, limit: int = 100) -> JobEventList:
-        return await self._client._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
+        return await self._request("GET", f"/jobs/{job_id}/events", cast=JobEventList,
                                            params={"after": after, "limit": limit})
 
     async def metrics(self, job_id: str, *, after_step: int | None = None, limit: int | None = None) -> JobMetricList:
         params = {k: v for k, v in {"after_step": after_step, "limit": limit}.items() if v is not None}
-        return await self._client._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList, params=params or None)
+        return await self._request("GET", f"/jobs/{job_id}/metrics", cast=JobMetricList, params=params or None)
 
     async def checkpoints(self, job_id: str) -> JobCheckpointList:
-        return await self._client._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
+        return await self._request("GET", f"/jobs/{job_id}/checkpoints", cast=JobCheckpointList)
 
     async def download(self, job_id: str, dest: str | os.PathLike, checkpoint: int | None = None,
                        merged: bool = False) -> list[Path]:
         from eft.downloads import download_async
 
-        return await download_async(self._client, job_id, dest, checkpoint, "merged" if merged else None)
+        return await download_async(self, job_id, dest, checkpoint, "merged" if merged else None)
 
     async def export(self, job_id: str, kind: str = "merged", hub_repo: str | None = None,
                      hub_private: bool = True) -> Export:
-        return await self._client._request("POST", f"/jobs/{job_id}/export", cast=Export,
+        return await self._request("POST", f"/jobs/{job_id}/export", cast=Export,
                                            json={"kind": kind, "hub_repo": hub_repo, "hub_private": hub_private})
 
     async def exports(self, job_id: str) -> ExportList:
-        return await self._client._request("GET", f"/jobs/{job_id}/exports", cast=ExportList)
+        return await self._request("GET", f"/jobs/{job_id}/exports", cast=ExportList)
 
     async def wait_export(self, job_id: str, kind: str = "merged", poll_interval_s: float = 1.0,
                           timeout_s: float | None = None, hub_repo: str | None = None) -> Export:
@@ -282,41 +258,24 @@ class AsyncJobs:
         while export.status == "running":
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise WaitTimeoutError(f"export {export.id} of {job_id} still running after {timeout_s} s")
-            await self._client._sleep(poll_interval_s)
+            await self._sleep(poll_interval_s)
             export = next(e for e in (await self.exports(job_id)).data if e.id == export.id)
         return export
 
     async def manifest(self, job_id: str) -> dict[str, Any]:
-        return await self._client._request_json("GET", f"/jobs/{job_id}/manifest")
+        return await self._request_json("GET", f"/jobs/{job_id}/manifest")
 
     async def logs(self, job_id: str, attempt: int | None = None, tail: int | None = None) -> JobLogs:
-        return await self._client._request("GET", f"/jobs/{job_id}/logs", cast=JobLogs,
+        return await self._request("GET", f"/jobs/{job_id}/logs", cast=JobLogs,
                                            params={"attempt": attempt, "tail": tail})
 
     async def follow_logs(self, job_id: str, attempt: int | None = None) -> AsyncIterator[str]:
         """`async for line in client.jobs.follow_logs(job_id)`: as `Jobs.follow_logs`."""
-        path, params = f"/jobs/{job_id}/logs", {"follow": "true", "attempt": attempt}
-        last_id: str | None = None
-        for retry in range(self._client.max_retries + 1):
-            kwargs = self._client._follow_kwargs(path, params, last_id)
-            try:
-                async with self._client._http.stream(**kwargs) as response:
-                    if not response.is_success:
-                        await response.aread()
-                        raise self._client._error(response)
-                    parser = EventParser()
-                    async for line in response.aiter_lines():
-                        event = parser.feed(line)
-                        if event is not None and event.event == "end":
-                            return
-                        if event is not None and event.event is None:
-                            last_id = event.id or last_id
-                            yield event.data
+        async for event in self._events(f"/jobs/{job_id}/logs", {"follow": "true", "attempt": attempt}):
+            if event.event == "end":
                 return
-            except httpx.TransportError as exc:
-                if retry >= self._client.max_retries:
-                    raise self._client._transport_error(exc, kwargs["url"]) from exc
-                await self._client._sleep(self._client._backoff_s(retry))
+            if event.event is None:
+                yield event.data
 
     async def wait(self, job_id: str, poll_interval_s: float = 1.0, timeout_s: float | None = None,
                    on_progress: ProgressCallback | None = None) -> Job:
@@ -333,4 +292,4 @@ class AsyncJobs:
                 return job
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(job, timeout_s)
-            await self._client._sleep(poll_interval_s)
+            await self._sleep(poll_interval_s)

@@ -3,30 +3,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
+from eft._resource import SyncAPIResource
 from eft.types.webhooks import WebhookEndpoint, WebhookEndpointList, WebhookSecret
 
-if TYPE_CHECKING:
-    from eft.client import Client
 
-
-class Webhooks:
-    def __init__(self, client: Client):
-        self._client = client
+class Webhooks(SyncAPIResource):
 
     def create(self, url: str, events: Sequence[str] | None = None) -> WebhookEndpoint:
         """Send your jobs' events (all four unless `events` names some) to `url`; the first
         endpoint's response carries your signing secret, once."""
         body = {"url": url, **({"events": list(events)} if events is not None else {})}
-        return self._client._request("POST", "/webhooks", cast=WebhookEndpoint, json=body)
+        return self._request("POST", "/webhooks", cast=WebhookEndpoint, json=body)
 
     def list(self) -> WebhookEndpointList:
-        return self._client._request("GET", "/webhooks", cast=WebhookEndpointList)
+        return self._request("GET", "/webhooks", cast=WebhookEndpointList)
 
     def delete(self, endpoint_id: str) -> None:
-        self._client._send("DELETE", f"/webhooks/{endpoint_id}")
+        self._send("DELETE", f"/webhooks/{endpoint_id}")
 
     def rotate_secret(self) -> WebhookSecret:
         """A new signing secret (shown once); the old one stops signing at once."""
-        return self._client._request("POST", "/webhooks/secret", cast=WebhookSecret)
+        return self._request("POST", "/webhooks/secret", cast=WebhookSecret)
