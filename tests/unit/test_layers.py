@@ -210,3 +210,34 @@ def test_an_import_against_the_layers_is_caught(tmp_path):
         "training/driver.py:2: training imports eft.service.store",
         "training/loop.py:1: training imports eft.types",
     ]
+
+
+def unshipped_packages(root: Path) -> list[str]:
+    """Packages under the folders pyproject.toml maps into `eft` (a directory with an
+    `__init__.py`) that its `packages` list leaves out of the wheel: the editable install finds
+    them by path, an installed product would not have them."""
+    import tomllib
+
+    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    found = set()
+    for name, folder in tool["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                relative = init.parent.relative_to(root / folder).parts
+                found.add(".".join((name, *relative)))
+    return sorted(found - listed)
+
+
+def test_every_package_ships_in_the_wheel():
+    assert unshipped_packages(REPO) == []
+
+
+def test_a_package_left_out_of_the_wheel_is_caught(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools]\npackage-dir = { "eft" = "eft", "eft.training" = "training" }\n'
+        'packages = ["eft", "eft.training"]\n')
+    for folder in ("eft", "training", "training/objectives", "training/objectives/__pycache__"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    assert unshipped_packages(tmp_path) == ["eft.training.objectives"]
