@@ -35,7 +35,7 @@ from eft.service.file_checks import owned_inputs
 from eft.service.jobs import JobService
 from eft.service.logs import LogStreams
 from eft.service.ratelimit import TenantRateLimiter, TenantSlots
-from eft.service.validation import check_raw_inputs
+from eft.service.requests.check import check_raw_inputs
 
 log = logging.getLogger("eft.api")
 

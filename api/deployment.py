@@ -22,7 +22,7 @@ from eft.service.launcher import RayJobsLauncher
 from eft.service.scheduler import Scheduler
 from eft.service.settings import Settings, get_settings
 from eft.service.store import Store
-from eft.service.validation import helper_imports, validate_job_isolated
+from eft.service.requests.prepare import helper_imports, validate_job_isolated
 
 log = logging.getLogger("eft.deployment")
 

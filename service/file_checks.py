@@ -12,7 +12,8 @@ from eft.service.dataset_check import check_dataset
 from eft.service.errors import Problem, RequestInvalid
 from eft.service.files import FILE_ID, FileNotFound, FileRecord, FileStore
 from eft.service.settings import Settings
-from eft.service.validation import request_tokenizer, resolve_model, tokenizer_problem
+from eft.service.requests.resolve import resolve_model
+from eft.service.requests.templates import request_tokenizer, tokenizer_problem
 
 
 def check_job_files(body: Any, tenant: str | None, files: FileStore, conn: Any = None) -> None:

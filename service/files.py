@@ -4,7 +4,7 @@ uploaded name), owned by a tenant.
 An upload is streamed to a temporary file in the same directory while its SHA-256 and size are
 computed, then renamed into place and recorded: a failed or oversized upload leaves nothing
 behind. Jobs name an upload by id (`file-...`) in `training_file` / `validation_file`;
-`service/validation.py:resolve_dataset` finds it with `uploaded_path`.
+`service/requests/resolve.py:resolve_dataset` finds it with `uploaded_path`.
 """
 
 from __future__ import annotations

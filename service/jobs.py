@@ -14,8 +14,6 @@ from typing import Any, Callable
 from eft.types.jobs import (
     Job,
     JobCreate,
-    JobError,
-    JobEstimate,
     JobEvent,
     JobEventList,
     JobList,
@@ -29,68 +27,19 @@ from eft.service.file_checks import check_job_files
 from eft.service.files import FileStore
 from eft.service.inference import AdapterSource, BaseSource
 from eft.service.idempotency import Idempotency, request_digest
-from eft.service.model_ids import checkpoint_model_id, fine_tuned_model_id, parse_model_id
-from eft.service import estimates, exports, queueing
+from eft.service.model_ids import checkpoint_model_id, parse_model_id
+from eft.service import exports, queueing
 from eft.service.launcher import Launcher, RayJobState, stop_quietly
-from eft.service.progress import progress_fields
+from eft.service.wire import model_id, to_wire
 from eft.service.quotas import QuotaExceeded, check_priority, check_quota, demand
 from eft.service.settings import Settings
 from eft.service.db import tenant_key
 from eft.service.store import JobRecord, Store
 from eft.service.paths import resolve_under_roots
-from eft.service.validation import check_request
+from eft.service.requests.check import check_request
 from eft.types.text import decimal_int
 
 log = logging.getLogger("eft.jobs")
-
-
-RESOLVED_KEYS = ("strategy", "offload", "gradient_checkpointing", "attention", "precision", "packing",
-                 "predicted_memory_gb", "total_steps")
-
-
-def model_id(job: JobRecord) -> str:
-    """The id of the model `job` trains: `ft:<base>:<name or tenant>:<job id>`."""
-    return fine_tuned_model_id(job.request["model"], job.id, job.name, job.tenant)
-
-
-def resolved_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What a validated job runs with, and (a continued job) where it started from."""
-    if not config:
-        return None
-    resolved = {k: config[k] for k in RESOLVED_KEYS if k in config}
-    if config.get("init_job"):
-        resolved["continued_from"] = {"job_id": config["init_job"], "step": config.get("init_step", 0),
-                                      "optimizer_state": bool(config.get("init_optimizer", True))}
-    return resolved
-
-
-def to_wire(job: JobRecord, latest: dict[str, Any] | None = None) -> Job:
-    """The wire job; `latest` (the newest metrics values) adds trained tokens and a finer ETA."""
-    request = JobCreate.model_validate(job.request)
-    error = None
-    if job.error_code:
-        error = JobError(code=job.error_code, message=job.error_message or "", param=job.error_param)
-    return Job(
-        id=job.id, status=job.status, **request.model_dump(),
-        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
-        attempt=job.attempt, num_workers=job.num_workers, step=job.step,
-        total_steps=job.total_steps, error=error, artifact_path=job.artifact_path,
-        fine_tuned_model=model_id(job) if job.status is JobStatus.succeeded and job.artifact_path else None,
-        ray_submission_id=job.submission_id, result_metrics=job.result_metrics or {},
-        restarts=job.restarts, preemptions=job.preemptions, resizes=job.resizes,
-        lost_steps=job.lost_steps,
-        resolved=resolved_config(job.config),
-        estimate=_estimate(job.estimate),
-        usage=estimates.usage(job.worker_seconds, job.spot_worker_seconds, job.estimate),
-        schedule=job.schedule,
-        **progress_fields(job, latest),
-    )
-
-
-def _estimate(stored: dict[str, Any] | None) -> JobEstimate | None:
-    if not stored:
-        return None
-    return JobEstimate.model_validate({k: v for k, v in stored.items() if k in JobEstimate.model_fields})
 
 
 #: Reads and writes a cancel makes before it gives up on a job that keeps changing status.

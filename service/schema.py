@@ -47,7 +47,7 @@ jobs = sa.Table(
     #: CPUs and GPUs the job asks for at its largest size (quotas sum them in SQL).
     sa.Column("demand_cpus", sa.Float, nullable=False, server_default="0"),
     sa.Column("demand_gpus", sa.Float, nullable=False, server_default="0"),
-    #: The planner's choice, made once when the job is accepted (validation.Choice as a dict).
+    #: The planner's choice, made once when the job is accepted (service/requests/plan.py:Choice as a dict).
     sa.Column("plan", sa.JSON),
     #: The cluster scheduler's latest decision for the job (eft.service.policy.Decision as a dict:
     #: workers, reason, because_of, placement); a running elastic job's driver keeps its size to

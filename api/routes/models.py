@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from eft.api.deps import CurrentTenant, JobServiceDep
 from eft.types.openai import Model, ModelList
-from eft.service.jobs import model_id
+from eft.service.wire import model_id
 from eft.service.openai_compat import ORGANIZATION_PREFIX
 from eft.service.settings import Settings
 from eft.service.store import JobRecord

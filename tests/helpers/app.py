@@ -48,7 +48,7 @@ def validate_pending(store: Store, settings: Settings, validate: Any = None) -> 
     """One validation pass of the real scheduler (dispatching paused: no Ray is contacted), its
     validation in the helper process as in a replica."""
     from eft.service.scheduler import Scheduler
-    from eft.service.validation import validate_job_isolated
+    from eft.service.requests.prepare import validate_job_isolated
 
     Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),
               validate or validate_job_isolated).validate_pending()

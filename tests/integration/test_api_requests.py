@@ -194,7 +194,7 @@ def test_incompatible_optimizations_are_named(client, data):
 
 
 def test_forced_options_are_kept_and_auto_is_planned(client, data):
-    from eft.service.validation import check_request
+    from eft.service.requests.check import check_request
     from eft.types.jobs import JobCreate
 
     service = client.app.state.job_service
@@ -220,7 +220,7 @@ def test_the_job_is_planned_once_when_accepted_and_validated_with_that_plan(clie
     import sqlalchemy as sa
 
     from eft.service.store import jobs
-    from eft.service.validation import validate_job
+    from eft.service.requests.prepare import validate_job
 
     service = client.app.state.job_service
     job = client.post("/jobs", json={"model": "tiny-llama", "training_file": data("t.jsonl", [CHAT] * 4)}).json()

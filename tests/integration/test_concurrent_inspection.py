@@ -17,7 +17,7 @@ MODELS = REPO / "assets" / "models"
 CODE = """
 import sys, threading
 from eft.service.model_support import inspect_model
-from eft.service.validation import tokenizer_problem
+from eft.service.requests.templates import tokenizer_problem
 paths = sys.argv[1:]
 results, errors = [], []
 barrier = threading.Barrier(16)

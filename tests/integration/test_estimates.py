@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from eft.service.jobs import to_wire
+from eft.service.wire import to_wire
 from eft.service.openai_compat import to_openai_job
 from eft.service.reporter import StoreReporter
 from eft.service.scheduler import Scheduler

@@ -15,7 +15,8 @@ from eft.service.launcher import RayJobsLauncher
 from eft.service.scheduler import Scheduler
 from eft.service.settings import get_settings
 from eft.service.store import Store
-from eft.service.validation import TEMPLATE_SAMPLE, validate_job
+from eft.service.requests.prepare import validate_job
+from eft.service.requests.templates import TEMPLATE_SAMPLE
 from devkit.families import model_name
 from devkit.family_specs import FAMILIES
 from eft.types.jobs import JobStatus

@@ -13,7 +13,7 @@ import pytest
 
 from eft.service import isolation
 from eft.service.settings import get_settings
-from eft.service.validation import helper_imports
+from eft.service.requests.prepare import helper_imports
 from tests.helpers.app import tenant_client
 from tests.helpers.hub import cached_model
 from tests.helpers.paths import REPO

@@ -241,3 +241,33 @@ def test_a_package_left_out_of_the_wheel_is_caught(tmp_path):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "__init__.py").write_text("")
     assert unshipped_packages(tmp_path) == ["eft.training.objectives"]
+
+
+#: Folders inside a package, and the modules of the same package they must not import: a rule
+#: lives in the folder its concept names, and a stage does not reach back into what runs it.
+FOLDER_RULES = {
+    "service/requests": ("eft.service.jobs", "eft.service.scheduler", "eft.service.launcher"),
+}
+
+
+def folder_rule_breaches(root: Path) -> list[str]:
+    """"<file>:<line>: imports <module>" for every import a folder's rule forbids."""
+    breaches = []
+    for folder, forbidden in FOLDER_RULES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            for line, name in imported_names(path, module_of(path, root), executed_only=True):
+                for f in forbidden:
+                    breach = f"{path.relative_to(root)}:{line}: imports {f}"
+                    if (name == f or name.startswith(f + ".")) and breach not in breaches:
+                        breaches.append(breach)
+    return breaches
+
+
+def test_each_folder_keeps_to_its_concept():
+    assert folder_rule_breaches(REPO) == []
+
+
+def test_a_folder_reaching_into_what_runs_it_is_caught(tmp_path):
+    (tmp_path / "service" / "requests").mkdir(parents=True)
+    (tmp_path / "service" / "requests" / "check.py").write_text("from eft.service.scheduler import Scheduler\n")
+    assert folder_rule_breaches(tmp_path) == ["service/requests/check.py:1: imports eft.service.scheduler"]
