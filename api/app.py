@@ -29,13 +29,10 @@ from eft.api.routes import models as models_routes
 from eft.api.routes import metrics as metrics_routes
 from eft.api.routes import ui as ui_routes
 from eft.api.routes import webhooks as webhooks_routes
-from eft.service.auth import KeyStore
 from eft.service.errors import Problem, RequestInvalid, ServiceError
-from eft.service.file_checks import owned_inputs
-from eft.service.jobs import JobService
-from eft.service.logs import LogStreams
-from eft.service.ratelimit import TenantRateLimiter, TenantSlots
-from eft.service.requests.check import check_raw_inputs
+from eft.service.jobs.manager import JobService
+from eft.service.runs.logs import LogStreams
+from eft.service.accounts.ratelimit import TenantRateLimiter, TenantSlots
 
 log = logging.getLogger("eft.api")
 
@@ -106,9 +103,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         if (request.url.path.rstrip("/") == "/jobs" and isinstance(exc.body, dict)
                 and hasattr(request.state, "scope")):
             service: JobService = request.app.state.job_service
-            body, owned = owned_inputs(exc.body, request.state.scope, service.files)
-            problems += owned
-            problems += await run_in_threadpool(check_raw_inputs, body, service.settings)
+            problems += await run_in_threadpool(service.raw_body_problems, exc.body, request.state.scope)
         err = RequestInvalid(problems=problems)
         return _error(422, err.type, err.code, err.message, err.param, request,
                       [p.as_dict() for p in problems])
@@ -129,7 +124,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def create_app(job_service: JobService, models: Any = None) -> FastAPI:
     """The service's FastAPI application, serving `job_service`; completions go to `models`
-    (api/inference.py:ServeModels, or service/inference.py:LocalModels in one process; None:
+    (api/inference.py:ServeModels, or service/serving/engine.py:LocalModels in one process; None:
     they answer 503)."""
     settings = job_service.settings
     app = FastAPI(
@@ -139,7 +134,7 @@ def create_app(job_service: JobService, models: Any = None) -> FastAPI:
     )
     app.state.job_service = job_service
     app.state.models = models
-    app.state.keys = KeyStore(job_service.store.engine, settings.admin_api_key, settings.admin_tenant)
+    app.state.keys = job_service.keys
     app.state.files = job_service.files
     app.state.rate_limiter = TenantRateLimiter(settings.requests_per_s_per_tenant, settings.request_burst_per_tenant)
     app.state.log_streams = LogStreams(settings.log_streams_per_tenant, settings.log_stream_max_s)
@@ -175,7 +170,7 @@ def create_app(job_service: JobService, models: Any = None) -> FastAPI:
     async def healthz(service: JobServiceDep) -> Health:
         # Not on the request thread pool (`EFT_API_THREADS`): probes answer while slow
         # requests (uploads, first model loads) hold every one of its threads.
-        database = await asyncio.to_thread(service.store.ping)
+        database = await asyncio.to_thread(service.ping)
         return Health(status="ok" if database else "degraded", version=_version(), database=database)
 
     return app

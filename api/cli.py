@@ -67,13 +67,12 @@ def down(as_json: AsJson = False) -> None:
 
 def _key_store() -> tuple[Any, Any]:
     try:
-        from eft.service.auth import KeyStore
+        from eft.service.accounts.auth import KeyStore
         from eft.service.settings import get_settings
-        from eft.service.store import Store
+        from eft.service.store.store import Store
     except ImportError as exc:
         raise CliError(f"`eft keys` needs the server: pip install 'eft[server]' ({exc})") from exc
     from eft.service import credentials
-
     credentials.load()  # the database URL may be in the secrets file EFT_SECRETS_FILE names
     store = Store(get_settings().resolved_database_url)
     return store, KeyStore(store.engine)
@@ -146,13 +145,12 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="Key id, e.g. key_...
 def _limits(tenant: str) -> tuple[Any, Any, Any]:
     """(store, quotas module, settings) for the tenant commands."""
     try:
-        from eft.service import quotas
+        from eft.service.accounts import quotas
         from eft.service.settings import get_settings
-        from eft.service.store import Store
+        from eft.service.store.store import Store
     except ImportError as exc:
         raise CliError(f"`eft tenants` needs the server: pip install 'eft[server]' ({exc})") from exc
     from eft.service import credentials
-
     credentials.load()
     settings = get_settings()
     return Store(settings.resolved_database_url), quotas, settings

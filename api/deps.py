@@ -12,10 +12,10 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from eft.service.auth import KeyStore, Principal
+from eft.service.accounts.auth import KeyStore, Principal
 from eft.service import isolation
-from eft.service.idempotency import Idempotency
-from eft.service.jobs import JobService
+from eft.service.accounts.idempotency import Idempotency
+from eft.service.jobs.manager import JobService
 
 # Documents the scheme in OpenAPI; the key itself is checked by KeyStore.authenticate.
 bearer = HTTPBearer(auto_error=False, description="An API key: `eft keys create`, or the one `eft up` writes.")

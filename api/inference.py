@@ -4,7 +4,7 @@ adapters trained on them, and the API's way of calling it.
 `ModelServer` replicas load base models on demand through Serve's model multiplexing (keyed
 by base model, at most `EFT_INFERENCE_BASE_MODELS_PER_REPLICA` per replica, least recently used
 dropped), so the requests for one base model go to the replicas that hold it; each base model
-carries many adapters (service/inference.py). The deployment autoscales on ongoing requests
+carries many adapters (service/serving/engine.py). The deployment autoscales on ongoing requests
 and down to zero replicas when idle; a request that finds none waits while one starts.
 
 The API replica calls it through a deployment handle (`ServeModels`); it imports nothing of
@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 from ray import serve
 
 from eft.service.errors import ServiceError
-from eft.service.inference import AdapterSource, BaseSource, Request
+from eft.service.serving.engine import AdapterSource, BaseSource, Request
 
 #: Base models one replica holds at once (Serve's `max_num_models_per_replica`).
 BASE_MODELS_PER_REPLICA = int(os.environ.get("EFT_INFERENCE_BASE_MODELS_PER_REPLICA", "2"))
@@ -52,7 +52,7 @@ class ModelServer:
         cache = self.settings.home / "cache" / "models"
 
         async def load(key: str) -> Any:
-            from eft.service.inference import Engine
+            from eft.service.serving.engine import Engine
 
             return await asyncio.to_thread(Engine, self.sources[key], cache, self.settings.inference_max_adapters)
 
@@ -61,8 +61,8 @@ class ModelServer:
     async def generate(self, base: dict[str, Any], adapter: dict[str, Any] | None,
                        request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """{"accepted"} at once (the caller's sign that a replica has the request), then what
-        the engine streams (service/inference.py:astream)."""
-        from eft.service.inference import astream
+        the engine streams (service/serving/engine.py:astream)."""
+        from eft.service.serving.engine import astream
 
         yield {"accepted": True}
         source = BaseSource(**base)

@@ -286,7 +286,6 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
     from eft.api.serve_config import application
 
     from eft.service import credentials
-
     # Credentials go to a 0600 file under EFT_HOME; the Serve app's runtime environment, which
     # Ray's dashboard API shows, carries only its path.
     home = Path(env.get("EFT_HOME") or get_settings().home)
@@ -339,8 +338,8 @@ def ensure_local_key(settings: Settings, url: str) -> Path:
     """Keep the API key in the user's config if the store still accepts it, else create an admin
     key of the default tenant; write it and `url` to the config. Returns the config's path."""
     from eft._config import read_config, write_config
-    from eft.service.auth import KeyStore, Unauthenticated
-    from eft.service.store import Store
+    from eft.service.accounts.auth import KeyStore, Unauthenticated
+    from eft.service.store.store import Store
 
     store = Store(settings.resolved_database_url)
     try:

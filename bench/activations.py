@@ -55,7 +55,7 @@ def measure(family: str) -> dict:
     from eft.planner.architectures import architecture_from_config
     from eft.planner.memory import forward_bytes
     from eft.planner.spec import Configuration, PlanSpec
-    from eft.service.model_support import inspect_model
+    from eft.service.requests.model_support import inspect_model
     from devkit.families import model_name
     from eft.training.model import peft_target_modules
 

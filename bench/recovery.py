@@ -108,7 +108,7 @@ class Bench:
         os.kill(actors[-1].pid, signal.SIGKILL)
 
     def kill_driver(self, job_id: str) -> None:
-        pids = subprocess.run(["pgrep", "-f", f"eft.service.entrypoint --job-id {job_id}"],
+        pids = subprocess.run(["pgrep", "-f", f"eft.service.runs.entrypoint --job-id {job_id}"],
                               capture_output=True, text=True).stdout.split()
         for pid in pids:
             os.kill(int(pid), signal.SIGKILL)

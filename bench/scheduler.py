@@ -7,7 +7,7 @@ Run from the repository root:
     .venv/bin/python bench/scheduler.py --jobs 300 --scale-jobs 0 --output /tmp/b.md
 
 The simulator (`bench/simulation.py`) calls the service's own policy code
-(`eft.service.policy.plan`) at every arrival, completion, spot preemption and node return. The
+(`eft.service.scheduling.policy.plan`) at every arrival, completion, spot preemption and node return. The
 traces come from `generate_trace(jobs, seed, load=...)`: Poisson arrivals at `load` times what
 the cluster serves at the jobs' requested sizes, work log-normal (median one GPU-hour), requested
 sizes 1-16 workers, 70% of jobs elastic (a quarter of the request up to twice it), scaling
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     section = "\n".join([
         SECTION, "",
         f"`bench/scheduler.py` on {datetime.now():%Y-%m-%d %H:%M} UTC. Machine: {machine()}.", "",
-        "The scheduling policy the service's code implements (`eft.service.policy`), driven by a discrete-event "
+        "The scheduling policy the service's code implements (`eft.service.scheduling.policy`), driven by a discrete-event "
         "simulation (`bench/simulation.py`) over traces from `generate_trace(jobs, seed="
         f"{args.seed}, load=...)`: {cluster.on_demand_slots} on-demand slots and {cluster.spot_nodes} spot nodes of "
         f"{cluster.slots_per_spot_node} slots ({cluster.slots} in all), each spot node preempted "

@@ -1,6 +1,6 @@
 """A discrete-event simulation of a cluster running fine-tuning jobs under a scheduling policy.
 
-It drives `eft.service.policy.plan` (the code the service schedules with) over a trace of jobs
+It drives `eft.service.scheduling.policy.plan` (the code the service schedules with) over a trace of jobs
 on a cluster of on-demand slots and spot nodes: jobs arrive, the policy sizes them, they make
 progress at their scaling curve's rate, spot nodes are preempted (with a notice) and come back
 after the autoscaler's delay, every start, resize and restart costs `restart_s` of no progress
@@ -18,7 +18,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from eft.service.policy import PRIORITIES, Demand, Pool, Tenant, fair_shares, plan
+from eft.service.scheduling.policy import PRIORITIES, Demand, Pool, Tenant, fair_shares, plan
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,7 @@ class Service:
                 "steady": useful_tokens_per_s(metrics, after_step=body["hyperparameters"]["max_steps"] // 2)}
 
     def config_of(self, job_id: str) -> dict[str, Any]:
-        from eft.service.store import Store
+        from eft.service.store.store import Store
 
         return Store(f"sqlite:///{self.home / 'eft.db'}").get_job(job_id).config
 

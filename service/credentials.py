@@ -100,3 +100,9 @@ def public_env(env: Mapping[str, str], home: Path) -> dict[str, str]:
     if secret:
         public[FILE_VAR] = str(write(Path(public.get(FILE_VAR) or home / "secrets.env"), secret))
     return public
+
+
+def hub_token() -> str | None:
+    """The operator's Hugging Face token, from this process's environment (or the secrets file
+    it loaded): never stored by the service, never sent through Ray."""
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None

@@ -63,8 +63,8 @@ class NodeGroup(BaseModel):
     gpu_type: str | None = None
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EFT_", extra="ignore")
+class StorageSettings(BaseModel):
+    """Where the service keeps its state: the home folder, the job store's database and its pool, and the roots of checkpoints, artifacts and uploads."""
 
     home: Path = Field(default_factory=_default_home, description="Root of local state.")
     secrets_file: Path | None = Field(
@@ -75,6 +75,28 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; defaults to a SQLite file under home."
     )
+    db_pool_size: int = Field(5, ge=1, description="Pooled connections per process (PostgreSQL).")
+    db_max_overflow: int = Field(10, ge=0, description="Extra connections beyond the pool at peaks.")
+    db_pool_recycle_s: int = Field(
+        1800, ge=-1, description="Replace pooled connections older than this (-1: never); keep "
+        "it below any idle timeout of a proxy or load balancer in front of the database."
+    )
+    checkpoint_root: str | None = Field(
+        None, description="Ray Train storage_path: a directory or an s3://, gs://, abfs:// URI "
+        "(credentials from the environment); <home>/checkpoints."
+    )
+    artifact_root: str | None = Field(
+        None, description="Where adapters land: a directory or object-store URI; <home>/artifacts."
+    )
+    files_root: str | None = Field(
+        None, description="Where uploaded files are kept: a local or shared-filesystem directory "
+        "that every node mounts at the same path (not an object store); <home>/files."
+    )
+
+
+class InputSettings(BaseModel):
+    """What a tenant may name as a model or dataset: the allowed roots, Hugging Face Hub ids and the Hub's limits, and the bounds of a dataset's checks."""
+
     data_roots: list[Path] = Field(
         default_factory=list,
         description="Directories training data may be read from (JSON list). The bundled "
@@ -100,151 +122,6 @@ class Settings(BaseSettings):
     hub_timeout_s: float = Field(
         2.0, gt=0, le=60, description="Seconds to wait for the Hub when resolving a model id."
     )
-    checkpoint_root: str | None = Field(
-        None, description="Ray Train storage_path: a directory or an s3://, gs://, abfs:// URI "
-        "(credentials from the environment); <home>/checkpoints."
-    )
-    artifact_root: str | None = Field(
-        None, description="Where adapters land: a directory or object-store URI; <home>/artifacts."
-    )
-    files_root: str | None = Field(
-        None, description="Where uploaded files are kept: a local or shared-filesystem directory "
-        "that every node mounts at the same path (not an object store); <home>/files."
-    )
-
-    db_pool_size: int = Field(5, ge=1, description="Pooled connections per process (PostgreSQL).")
-    db_max_overflow: int = Field(10, ge=0, description="Extra connections beyond the pool at peaks.")
-    db_pool_recycle_s: int = Field(
-        1800, ge=-1, description="Replace pooled connections older than this (-1: never); keep "
-        "it below any idle timeout of a proxy or load balancer in front of the database."
-    )
-
-    ray_dashboard_url: str = Field(
-        "http://127.0.0.1:8265", description="Ray Jobs API (dashboard) address."
-    )
-    host: str = "127.0.0.1"
-    port: int = 8000
-
-    gpu_memory_gb: float = Field(80.0, gt=0, description="Memory of one GPU worker, for the planner.")
-    gpu_type: str | None = Field(None, description="e.g. A100 or H100: lets the planner use FlashAttention.")
-    peak_tflops_per_worker: float | None = Field(
-        None, gt=0, description="Peak TFLOP/s of one worker, for MFU; default by gpu_type, 1 on CPU "
-        "(training/telemetry.py)."
-    )
-    mlflow_tracking_uri: str | None = Field(
-        None, description="MLflow tracking URI for jobs with trackers.mlflow; file:<home>/mlruns."
-    )
-    cpu_worker_memory_gb: float | None = Field(
-        None, gt=0, description="Memory budget of one CPU worker; default 80% of RAM / workers."
-    )
-
-    max_running_jobs: int = Field(4, ge=1, description="Jobs dispatched at once, cluster-wide.")
-    max_running_jobs_per_tenant: int = Field(2, ge=1)
-    tenant_shares: dict[str, TenantShare] = Field(
-        default_factory=dict, description="Each tenant's weight in the cluster's fair share, the running "
-        "jobs it is guaranteed and the highest priority its jobs may ask for, as JSON: "
-        '{"team-a": {"weight": 2, "guaranteed": 1, "max_priority": 50}}; others weigh 1, up to priority 100.')
-    scheduling: str = Field(
-        "elastic", pattern="^(elastic|count)$", description="How queued jobs are admitted: `elastic` "
-        "reads the cluster's capacity (Ray's nodes and `EFT_NODE_GROUPS`), starts a job only when its "
-        "minimum workers can be placed, and sizes elastic jobs across the cluster (eft.service.policy); "
-        "`count` dispatches by the job limits alone.")
-    node_groups: dict[str, NodeGroup] = Field(
-        default_factory=dict, description="The autoscaler's node groups and their maximum size, as JSON: "
-        '{"gpu-spot": {"resources": {"spot": 1}, "gpus_per_node": 8, "slots_per_node": 8, "max_nodes": 4, '
-        '"spot": true}}. Groups with no node up yet count at their maximum for admission.')
-    prices: Prices = Field(
-        default_factory=Prices, description="Prices per worker hour for estimates and usage, as JSON: "
-        '{"gpu_hour": 2.5, "spot_gpu_hour": 0.9, "cpu_hour": 0.05, "spot_cpu_hour": 0.02, "currency": "USD"}; '
-        "0 (the default) reports hours only.")
-    scheduler_goodput: bool = Field(
-        True, description="Size elastic jobs by their measured scaling (tokens/s per world size they have run "
-        "at): a job that is no faster on more workers is not grown. Off: every job counts as scaling linearly.")
-    resize_cost_s: float = Field(
-        20.0, ge=0, description="What resizing a running job costs it (checkpoint, restart, reload): the "
-        "scheduler grows a running job only when the time it saves exceeds twice this, and a new job waits "
-        "for a running job's completion rather than shrink others when that wait costs less.")
-    gpu_memory_by_type: dict[str, float] = Field(
-        default_factory=dict, description="GB of memory of one GPU per Ray accelerator type, as JSON "
-        '({"A100": 80}), over the built-in table (eft.service.capacity.GPU_MEMORY_GB): a GPU job is placed '
-        "only on GPU types with at least its planned memory per worker.")
-    spot_resources: list[str] = Field(
-        default_factory=lambda: ["spot"], description="Custom resources that mark a node as spot "
-        "(its slots are used for growth, the minimums go on on-demand nodes first).")
-    scheduler_interval_s: float = Field(
-        1.0, gt=0, description="Seconds between scheduler passes (a created job starts one at once)."
-    )
-    reconcile_interval_s: float = Field(
-        5.0, gt=0, description="How often the scheduler asks Ray whether running jobs' drivers are alive."
-    )
-    dispatch_grace_s: float = Field(
-        60.0, gt=0, description="How long a claimed job may have no Ray Job (its submit on its way) "
-        "before it counts as lost and is queued again."
-    )
-    dispatch_paused: bool = Field(
-        False, description="Validate and queue new jobs but start none (maintenance windows); "
-        "running jobs go on."
-    )
-    # Recovery and elasticity (passed on to every job's driver).
-    resize_interval_s: float = Field(
-        30.0, ge=1, description="How often a running elastic job looks for room to grow."
-    )
-    preemption_poll_interval_s: float = Field(
-        2.0, gt=0, description="How often Ray Train looks for drained (preempted) nodes."
-    )
-    train_poll_interval_s: float = Field(
-        0.5, gt=0, le=10, description="How often a job's Ray Train controller polls its workers "
-        "(Ray's default is 2 s): it takes one report per worker per poll, so checkpoints closer "
-        "than this wait, and a failed worker is noticed within it."
-    )
-    worker_start_timeout_s: float = Field(
-        30.0, ge=5, description="How long a worker group may take to start before it is retried "
-        "(a node that just left can still look free for a while)."
-    )
-    allowed_worker_resources: list[str] = Field(
-        default_factory=lambda: ["spot"], description="Custom Ray resources a job may ask for in "
-        "`scaling.resources` (JSON list), e.g. the labels of your spot and on-demand node groups. "
-        "Anything else, Ray's per-node `node:<ip>` resources included, is refused."
-    )
-    max_validation_errors: int = Field(20, ge=1, description="Problems listed per dataset.")
-    max_dataset_bytes: int = Field(2 * 1024**3, ge=1)
-    # Accounts, uploads and limits.
-    admin_api_key: str | None = Field(
-        None, description="A bootstrap admin key (not stored) for a deployment's first `eft keys create`."
-    )
-    admin_tenant: str = Field("default", description="Tenant that the bootstrap admin key creates in.")
-    max_upload_bytes: int = Field(512 * 1024**2, ge=1, description="Largest file POST /files accepts.")
-    max_request_bytes: int = Field(1024**2, ge=1, description="Largest JSON request body.")
-    api_threads: int = Field(
-        8, ge=1, le=256, description="Threads a replica runs its blocking request work on (database "
-        "reads and writes, checks); further requests wait their turn. One interpreter runs one "
-        "thread at a time: many threads only take turns more often, and a thread that holds a "
-        "lock (the database writer's) waits longer for its turn."
-    )
-    max_active_jobs_per_tenant: int = Field(
-        20, ge=1, description="Queued plus running jobs a tenant may have (per-tenant row overrides)."
-    )
-    max_cpus_per_tenant: float = Field(256.0, gt=0, description="CPUs a tenant's active jobs may ask for.")
-    max_gpus_per_tenant: float = Field(64.0, ge=0, description="GPUs a tenant's active jobs may ask for.")
-    quota_retry_after_s: int = Field(30, ge=1, description="Retry-After of a 429 over quota.")
-    requests_per_s_per_tenant: float = Field(
-        50.0, gt=0, description="Sustained API requests per second a tenant may make (per replica); "
-        "past it, 429 with Retry-After."
-    )
-    request_burst_per_tenant: int = Field(200, ge=1, description="Requests a tenant may make at once "
-                                          "before the rate limit applies.")
-    log_streams_per_tenant: int = Field(8, ge=1, description="Log streams (follow=true) a tenant may "
-                                        "hold open at once on one replica.")
-    generations_per_tenant: int = Field(
-        4, ge=1, description="Completions (/v1/chat/completions, /v1/completions) a tenant may have in flight at "
-        "once on one replica; one more is a 429 with Retry-After, so that one tenant cannot queue the model "
-        "servers full ahead of the others.")
-    log_stream_max_s: float = Field(3600.0, gt=0, description="How long one log stream stays open "
-                                    "before it ends (the client reconnects with Last-Event-ID).")
-    max_files_per_tenant: int = Field(1000, ge=1, description="Uploads a tenant may keep.")
-    max_file_bytes_per_tenant: int = Field(
-        20 * 1024**3, ge=1, description="Bytes of uploads a tenant may keep (413 past it)."
-    )
     hub_endpoint: str | None = Field(
         None, description="The Hugging Face Hub that Hub ids are read from and exports push to (default: "
         "huggingface.co; a private Hub's URL)."
@@ -260,8 +137,160 @@ class Settings(BaseSettings):
     hub_max_service_bytes: int = Field(
         64 * 1024**2, ge=1, description="Bytes of a Hub model's or dataset's files the service downloads for "
         "one request (config, tokenizer, template; a dataset file), checked from the Hub's listing first.")
+    max_validation_errors: int = Field(20, ge=1, description="Problems listed per dataset.")
+    max_dataset_bytes: int = Field(2 * 1024**3, ge=1)
+
+
+class ClusterSettings(BaseModel):
+    """The hardware the planner and the scheduler count on: GPU memory and type, node groups, spot resources, and what workers may ask Ray for."""
+
+    ray_dashboard_url: str = Field(
+        "http://127.0.0.1:8265", description="Ray Jobs API (dashboard) address."
+    )
+    gpu_memory_gb: float = Field(80.0, gt=0, description="Memory of one GPU worker, for the planner.")
+    gpu_type: str | None = Field(None, description="e.g. A100 or H100: lets the planner use FlashAttention.")
+    peak_tflops_per_worker: float | None = Field(
+        None, gt=0, description="Peak TFLOP/s of one worker, for MFU; default by gpu_type, 1 on CPU "
+        "(training/telemetry.py)."
+    )
+    cpu_worker_memory_gb: float | None = Field(
+        None, gt=0, description="Memory budget of one CPU worker; default 80% of RAM / workers."
+    )
+    node_groups: dict[str, NodeGroup] = Field(
+        default_factory=dict, description="The autoscaler's node groups and their maximum size, as JSON: "
+        '{"gpu-spot": {"resources": {"spot": 1}, "gpus_per_node": 8, "slots_per_node": 8, "max_nodes": 4, '
+        '"spot": true}}. Groups with no node up yet count at their maximum for admission.')
+    gpu_memory_by_type: dict[str, float] = Field(
+        default_factory=dict, description="GB of memory of one GPU per Ray accelerator type, as JSON "
+        '({"A100": 80}), over the built-in table (eft.service.scheduling.capacity.GPU_MEMORY_GB): a GPU job is placed '
+        "only on GPU types with at least its planned memory per worker.")
+    spot_resources: list[str] = Field(
+        default_factory=lambda: ["spot"], description="Custom resources that mark a node as spot "
+        "(its slots are used for growth, the minimums go on on-demand nodes first).")
+    allowed_worker_resources: list[str] = Field(
+        default_factory=lambda: ["spot"], description="Custom Ray resources a job may ask for in "
+        "`scaling.resources` (JSON list), e.g. the labels of your spot and on-demand node groups. "
+        "Anything else, Ray's per-node `node:<ip>` resources included, is refused."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI for jobs with trackers.mlflow; file:<home>/mlruns."
+    )
+
+
+class SchedulingSettings(BaseModel):
+    """How the scheduler shares the cluster: job slots, tenants' weights and guaranteed shares, the policy, prices, and how often it looks."""
+
+    max_running_jobs: int = Field(4, ge=1, description="Jobs dispatched at once, cluster-wide.")
+    max_running_jobs_per_tenant: int = Field(2, ge=1)
+    tenant_shares: dict[str, TenantShare] = Field(
+        default_factory=dict, description="Each tenant's weight in the cluster's fair share, the running "
+        "jobs it is guaranteed and the highest priority its jobs may ask for, as JSON: "
+        '{"team-a": {"weight": 2, "guaranteed": 1, "max_priority": 50}}; others weigh 1, up to priority 100.')
+    scheduling: str = Field(
+        "elastic", pattern="^(elastic|count)$", description="How queued jobs are admitted: `elastic` "
+        "reads the cluster's capacity (Ray's nodes and `EFT_NODE_GROUPS`), starts a job only when its "
+        "minimum workers can be placed, and sizes elastic jobs across the cluster (eft.service.scheduling.policy); "
+        "`count` dispatches by the job limits alone.")
+    prices: Prices = Field(
+        default_factory=Prices, description="Prices per worker hour for estimates and usage, as JSON: "
+        '{"gpu_hour": 2.5, "spot_gpu_hour": 0.9, "cpu_hour": 0.05, "spot_cpu_hour": 0.02, "currency": "USD"}; '
+        "0 (the default) reports hours only.")
+    scheduler_goodput: bool = Field(
+        True, description="Size elastic jobs by their measured scaling (tokens/s per world size they have run "
+        "at): a job that is no faster on more workers is not grown. Off: every job counts as scaling linearly.")
+    resize_cost_s: float = Field(
+        20.0, ge=0, description="What resizing a running job costs it (checkpoint, restart, reload): the "
+        "scheduler grows a running job only when the time it saves exceeds twice this, and a new job waits "
+        "for a running job's completion rather than shrink others when that wait costs less.")
+    scheduler_interval_s: float = Field(
+        1.0, gt=0, description="Seconds between scheduler passes (a created job starts one at once)."
+    )
+    reconcile_interval_s: float = Field(
+        5.0, gt=0, description="How often the scheduler asks Ray whether running jobs' drivers are alive."
+    )
+    dispatch_grace_s: float = Field(
+        60.0, gt=0, description="How long a claimed job may have no Ray Job (its submit on its way) "
+        "before it counts as lost and is queued again."
+    )
+    dispatch_paused: bool = Field(
+        False, description="Validate and queue new jobs but start none (maintenance windows); "
+        "running jobs go on."
+    )
+
+
+class RecoverySettings(BaseModel):
+    """Recovery and elasticity, passed on to every job's driver: how often a job looks for room to grow and for preemption notices, and how long its workers may take to start."""
+
+    resize_interval_s: float = Field(
+        30.0, ge=1, description="How often a running elastic job looks for room to grow."
+    )
+    preemption_poll_interval_s: float = Field(
+        2.0, gt=0, description="How often Ray Train looks for drained (preempted) nodes."
+    )
+    train_poll_interval_s: float = Field(
+        0.5, gt=0, le=10, description="How often a job's Ray Train controller polls its workers "
+        "(Ray's default is 2 s): it takes one report per worker per poll, so checkpoints closer "
+        "than this wait, and a failed worker is noticed within it."
+    )
+    worker_start_timeout_s: float = Field(
+        30.0, ge=5, description="How long a worker group may take to start before it is retried "
+        "(a node that just left can still look free for a while)."
+    )
+
+
+class ApiSettings(BaseModel):
+    """The HTTP surface: where it listens, the bootstrap admin key, body limits, its threads, and each tenant's request rate and open streams."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    admin_api_key: str | None = Field(
+        None, description="A bootstrap admin key (not stored) for a deployment's first `eft keys create`."
+    )
+    admin_tenant: str = Field("default", description="Tenant that the bootstrap admin key creates in.")
+    max_upload_bytes: int = Field(512 * 1024**2, ge=1, description="Largest file POST /files accepts.")
+    max_request_bytes: int = Field(1024**2, ge=1, description="Largest JSON request body.")
+    api_threads: int = Field(
+        8, ge=1, le=256, description="Threads a replica runs its blocking request work on (database "
+        "reads and writes, checks); further requests wait their turn. One interpreter runs one "
+        "thread at a time: many threads only take turns more often, and a thread that holds a "
+        "lock (the database writer's) waits longer for its turn."
+    )
+    requests_per_s_per_tenant: float = Field(
+        50.0, gt=0, description="Sustained API requests per second a tenant may make (per replica); "
+        "past it, 429 with Retry-After."
+    )
+    request_burst_per_tenant: int = Field(200, ge=1, description="Requests a tenant may make at once "
+                                          "before the rate limit applies.")
+    log_streams_per_tenant: int = Field(8, ge=1, description="Log streams (follow=true) a tenant may "
+                                        "hold open at once on one replica.")
+    log_stream_max_s: float = Field(3600.0, gt=0, description="How long one log stream stays open "
+                                    "before it ends (the client reconnects with Last-Event-ID).")
+
+
+class QuotaSettings(BaseModel):
+    """What one tenant may hold at once: active jobs and the CPUs and GPUs they ask for, uploads, exports and generations."""
+
+    max_active_jobs_per_tenant: int = Field(
+        20, ge=1, description="Queued plus running jobs a tenant may have (per-tenant row overrides)."
+    )
+    max_cpus_per_tenant: float = Field(256.0, gt=0, description="CPUs a tenant's active jobs may ask for.")
+    max_gpus_per_tenant: float = Field(64.0, ge=0, description="GPUs a tenant's active jobs may ask for.")
+    quota_retry_after_s: int = Field(30, ge=1, description="Retry-After of a 429 over quota.")
+    max_files_per_tenant: int = Field(1000, ge=1, description="Uploads a tenant may keep.")
+    max_file_bytes_per_tenant: int = Field(
+        20 * 1024**3, ge=1, description="Bytes of uploads a tenant may keep (413 past it)."
+    )
     exports_per_tenant: int = Field(
         2, ge=1, le=1000, description="Exports of one tenant's jobs running at once (one more is a 429).")
+    generations_per_tenant: int = Field(
+        4, ge=1, description="Completions (/v1/chat/completions, /v1/completions) a tenant may have in flight at "
+        "once on one replica; one more is a 429 with Retry-After, so that one tenant cannot queue the model "
+        "servers full ahead of the others.")
+
+
+class ServingSettings(BaseModel):
+    """The model servers behind `/v1`: how long a first load may take, adapters per base model, default lengths."""
+
     inference_start_timeout_s: float = Field(
         120.0, gt=0, description="How long a completion request waits for a model server replica "
         "(one starts when none runs: they scale to zero when idle) before it answers 503 with "
@@ -277,6 +306,10 @@ class Settings(BaseSettings):
         "(fewer when the context has less room)."
     )
 
+
+class IsolationSettings(BaseModel):
+    """The helper processes that work on tenants' inputs: their time and memory bounds (service/isolation.py)."""
+
     helper_time_s: float = Field(
         60.0, gt=0, le=3600, description="Time the service spends on one request's input in a helper process "
         "(scanning a file, rendering its chats with the model's template, inspecting a model); past it the "
@@ -287,6 +320,10 @@ class Settings(BaseSettings):
     helper_memory_mb: int = Field(
         4096, ge=256, le=1 << 20, description="Resident memory a helper process may hold while it works on one "
         "request's input or one job's validation; past it the call fails as EFT_HELPER_TIME_S does.")
+
+
+class WebhookSettings(BaseModel):
+    """Webhooks: which addresses are allowed, retries, timeouts, concurrency and endpoints per tenant."""
 
     webhook_allow_loopback: bool = Field(
         False, description="Let webhooks go to plain-http loopback URLs (127.0.0.1, localhost): local "
@@ -312,6 +349,13 @@ class Settings(BaseSettings):
     webhook_endpoints_per_tenant: int = Field(
         10, ge=1, le=10000, description="Webhook endpoints one tenant may have (POST /webhooks).")
     webhook_poll_interval_s: float = Field(1.0, gt=0, description="How often a replica looks for webhooks due.")
+
+
+class Settings(BaseSettings, StorageSettings, InputSettings, ClusterSettings, SchedulingSettings, RecoverySettings, ApiSettings, QuotaSettings, ServingSettings, IsolationSettings, WebhookSettings):
+    """Every setting of the service, one section per concern (the classes above); each field is
+    read from `EFT_<FIELD NAME>` (`EFT_MAX_RUNNING_JOBS`), whichever section declares it."""
+
+    model_config = SettingsConfigDict(env_prefix="EFT_", extra="ignore")
 
     @property
     def resolved_database_url(self) -> str:

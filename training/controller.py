@@ -113,7 +113,7 @@ class LosslessResize(ElasticScalingPolicy):
     group resumes where the old one stopped, so no resize loses a step. Without the checkpoint
     within `wait_s` (a worker stuck), it resizes from the latest one, as Ray Train would.
 
-    It also keeps to the cluster scheduler's size for the job (`eft.service.scheduler`): never
+    It also keeps to the cluster scheduler's size for the job (`eft.service.scheduling.scheduler`): never
     more workers than the scheduler gives it, and a shrink to that size when the scheduler takes
     room back for another job (never below the job's minimum)."""
 

@@ -6,7 +6,7 @@ extension points Ray Train's controller offers: a failure policy that never retr
 errors, and callbacks in `RunConfig(callbacks=...)` that report checkpoints and the
 controller's state changes (restarted, resized, preempted).
 
-Started by the service's Ray Job entrypoint (service/entrypoint.py), which hands `run` the
+Started by the service's Ray Job entrypoint (service/runs/entrypoint.py), which hands `run` the
 job's plain `TrainConfig`, a `RunSpec` and a `Reporter` (training/reporting.py): everything the
 driver, the Train controller and rank 0 tell the outside world goes through that reporter.
 """

@@ -311,7 +311,7 @@ class Recipe:
 
     def _save_adapter_config(self, directory: Path) -> None:
         """Rank 0 puts the adapter's config beside a LoRA checkpoint's weights (a few hundred
-        bytes): a model server loads the checkpoint from the two (service/inference.py)."""
+        bytes): a model server loads the checkpoint from the two (service/serving/engine.py)."""
         config = getattr(self.strategy.module, "peft_config", {}).get("default")
         if self.rank == 0 and config is not None:
             config.save_pretrained(str(directory / "adapter"))

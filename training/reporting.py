@@ -2,8 +2,8 @@
 
 Training (the Ray Job driver, the Train controller's callbacks, rank 0's progress actor) never
 opens the service's store or reads its settings. It is handed a plain `RunSpec` and a
-`Reporter`; the service implements the reporter over its job store (service/reporter.py) and
-wires both in the Ray Job's entrypoint (service/entrypoint.py). A reporter is pickled into the
+`Reporter`; the service implements the reporter over its job store (service/runs/reporter.py) and
+wires both in the Ray Job's entrypoint (service/runs/entrypoint.py). A reporter is pickled into the
 Train controller and into the progress actor, so it must open its connections lazily, in the
 process that uses it.
 

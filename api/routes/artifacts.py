@@ -1,7 +1,7 @@
 """`/jobs/{id}/artifacts`: download what a job wrote, through the API, from wherever it is
-stored (service/downloads.py). The list gives each file's size and SHA-256; each file streams
+stored (service/serving/downloads.py). The list gives each file's size and SHA-256; each file streams
 with its `Content-Length` and its SHA-256 in `X-Content-SHA256`. `/jobs/{id}/export` writes a
-merged model (service/exports.py), downloaded the same way with `?export=merged`."""
+merged model (service/serving/exports.py), downloaded the same way with `?export=merged`."""
 
 from __future__ import annotations
 
@@ -11,31 +11,12 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import StreamingResponse
 
 from eft.api.deps import CurrentTenant, JobServiceDep
-from eft.service.downloads import list_files, location_of, open_file
-from eft.service.errors import Conflict, ServiceError
+from eft.service.serving.downloads import list_files, open_file
 from eft.types.jobs import ArtifactFile, ArtifactFileList, Export, ExportCreate, ExportList
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 Checkpoint = Annotated[int | None, Query(ge=0, description="A kept checkpoint's step; the published artifact when left out.")]
 ExportKind = Annotated[Literal["merged"] | None, Query(description="A finished export's files instead (POST /jobs/{id}/export).")]
-
-
-def _location(service: JobServiceDep, job_id: str, tenant: str | None, checkpoint: int | None,
-              export: str | None = None) -> str:
-    if export is not None:
-        if checkpoint is not None:
-            raise ServiceError("give either checkpoint or export, not both", param="export",
-                               code="invalid_parameters")
-        done = [e for e in service.exports(job_id, tenant) if e["kind"] == export]
-        ready = [e for e in done if e["status"] == "succeeded"]
-        if not ready:
-            state = done[-1]["status"] if done else "not asked for"
-            raise Conflict(f"the {export} export of job {job_id} is {state}: start it with POST /jobs/{job_id}/export "
-                           "and wait until GET /jobs/{id}/exports says succeeded", code="export_not_available",
-                           param="export")
-        return ready[-1]["path"]
-    job = service.store.get_job(job_id, tenant)
-    return location_of(job, service.store.list_checkpoints(job.id) if checkpoint is not None else [], checkpoint)
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactFileList)
@@ -44,7 +25,7 @@ def list_artifact_files(job_id: str, service: JobServiceDep, tenant: CurrentTena
     """The files of the job's artifact (once it succeeded), of a kept checkpoint, or of a
     finished export: 409 `artifact_not_available` before the job succeeded (and
     `export_not_available` before the export is written), 404 for a checkpoint it does not keep."""
-    files = list_files(_location(service, job_id, tenant, checkpoint, export))
+    files = list_files(service.artifact_location(job_id, tenant, checkpoint, export))
     return ArtifactFileList(job_id=job_id, checkpoint=checkpoint, export=export,
                             data=[ArtifactFile(**f) for f in files])
 
@@ -54,7 +35,7 @@ def list_artifact_files(job_id: str, service: JobServiceDep, tenant: CurrentTena
 def download_artifact_file(job_id: str, path: str, service: JobServiceDep, tenant: CurrentTenant,
                            checkpoint: Checkpoint = None, export: ExportKind = None) -> StreamingResponse:
     """One file's bytes, streamed; 404 `artifact_not_found` for a path the list does not have."""
-    entry, chunks = open_file(_location(service, job_id, tenant, checkpoint, export), path)
+    entry, chunks = open_file(service.artifact_location(job_id, tenant, checkpoint, export), path)
     return StreamingResponse(chunks, media_type="application/octet-stream", headers={
         "Content-Length": str(entry["bytes"]), "X-Content-SHA256": entry["sha256"],
         "Content-Disposition": f'attachment; filename="{path.rsplit("/", 1)[-1]}"'})
@@ -70,7 +51,7 @@ def export_model(job_id: str, service: JobServiceDep, tenant: CurrentTenant, res
     also pushes it to that Hugging Face Hub repository with the operator's token (400
     `hub_token_missing` when the operator gave none)."""
     body = body or ExportCreate()
-    export, started = service.export(job_id, tenant, body.kind, body.hub_repo, body.hub_private)
+    export, started = service.exports.start(job_id, tenant, body.kind, body.hub_repo, body.hub_private)
     if not started and export["status"] == "succeeded":
         response.status_code = 200
     return Export(**export)
@@ -79,4 +60,4 @@ def export_model(job_id: str, service: JobServiceDep, tenant: CurrentTenant, res
 @router.get("/{job_id}/exports", response_model=ExportList)
 def list_exports(job_id: str, service: JobServiceDep, tenant: CurrentTenant) -> ExportList:
     """The job's exports, oldest first: its adapter, then each merged export with its status."""
-    return ExportList(data=[Export(**e) for e in service.exports(job_id, tenant)])
+    return ExportList(data=[Export(**e) for e in service.exports.list(job_id, tenant)])

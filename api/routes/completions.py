@@ -24,8 +24,8 @@ from fastapi.responses import StreamingResponse
 
 from eft.api.deps import CurrentTenant, JobServiceDep
 from eft.service.errors import ServiceError
-from eft.service.ratelimit import TenantSlots
-from eft.service.inference import Request as Generation
+from eft.service.accounts.ratelimit import TenantSlots
+from eft.service.serving.engine import Request as Generation
 from eft.types.openai import (
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, ChunkChoice,
     ChunkDelta, Completion, CompletionChoice, CompletionCreate, Usage,
@@ -90,7 +90,7 @@ async def _open(request: Request, service: Any, tenant: str | None, model: str,
     """The model server's items for this request, its first one already read, and the tenant's
     slot it holds until they end: a refusal (or a tenant over its share of generations, a 429)
     raises here, before any response starts."""
-    base, adapter, system_message = await run_in_threadpool(service.serving_target, model, tenant)
+    base, adapter, system_message = await run_in_threadpool(service.models.serving_target, model, tenant)
     generation.system_message = system_message
     slot = _Slot(request, tenant)
     try:

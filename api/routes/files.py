@@ -13,10 +13,7 @@ from fastapi.responses import FileResponse
 
 from eft.api.deps import CurrentPrincipal, CurrentTenant, IdempotencyDep, IdempotencyKey, JobServiceDep
 from eft.types.files import DatasetReport, FileDeleted, FileList, FileObject, ValidateRequest
-from eft.service import result_files
-from eft.service.errors import JobNotFound
-from eft.service.files import FileNotFound, FileRecord, FileStore
-from eft.service.jobs import JobService
+from eft.service.files.store import FileRecord, FileStore
 
 router = APIRouter(prefix="/files", tags=["files"])
 
@@ -80,32 +77,17 @@ def list_files(
                     next_cursor=data[-1].id if has_more else None)
 
 
-def _get(file_id: str, files: FileStore, tenant: str | None, service: JobService) -> FileRecord:
-    """The file; a succeeded job's result file is written first if it is not there yet."""
-    try:
-        return files.get(file_id, tenant)
-    except FileNotFound:
-        job_id = result_files.job_of(file_id)
-        if job_id is None:
-            raise
-        try:
-            job = service.store.get_job(job_id, tenant)
-        except JobNotFound:
-            raise FileNotFound(file_id) from None
-        return result_files.ensure(files, service.store, job)
-
-
 @router.get("/{file_id}", response_model=FileObject)
-def get_file(file_id: str, files: FilesDep, tenant: CurrentTenant, service: JobServiceDep) -> FileObject:
+def get_file(file_id: str, tenant: CurrentTenant, service: JobServiceDep) -> FileObject:
     """The file's record; a succeeded job's result file (`result_files` on /v1) too."""
-    return to_wire(_get(file_id, files, tenant, service))
+    return to_wire(service.file(file_id, tenant))
 
 
 @router.get("/{file_id}/content", response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {}}}})
-def get_file_content(file_id: str, files: FilesDep, tenant: CurrentTenant, service: JobServiceDep) -> FileResponse:
+def get_file_content(file_id: str, tenant: CurrentTenant, service: JobServiceDep) -> FileResponse:
     """The file's bytes as uploaded (a result file: the job's step metrics as CSV)."""
-    record = _get(file_id, files, tenant, service)
+    record = service.file(file_id, tenant)
     return FileResponse(record.path, media_type="application/octet-stream", filename=record.filename)
 
 
@@ -116,12 +98,9 @@ def delete_file(file_id: str, files: FilesDep, tenant: CurrentTenant) -> FileDel
 
 
 @router.post("/{file_id}/validate", response_model=DatasetReport)
-def validate_file(file_id: str, files: FilesDep, tenant: CurrentTenant, service: JobServiceDep,
+def validate_file(file_id: str, tenant: CurrentTenant, service: JobServiceDep,
                   body: ValidateRequest | None = None) -> DatasetReport:
     """Check every line of the file without creating a job: errors by line and field, warnings
     (duplicates, overlap with `validation_file`), and with `model` the token counts at
     `max_seq_len` and which tokens of the first record carry the loss."""
-    from eft.service.file_checks import validate_upload
-
-    return validate_upload(files, files.get(file_id, tenant), body or ValidateRequest(),
-                           tenant, service.settings)
+    return service.validate_file(file_id, tenant, body or ValidateRequest())

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request
 from sse_starlette import EventSourceResponse
 
 from eft.api.deps import CurrentTenant, JobServiceDep
-from eft.service.logs import JobLogs, LogStreams
+from eft.service.runs.logs import LogStreams
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -30,7 +30,7 @@ async def job_logs(
     `follow=true`, server-sent events: one `data:` per line with the id `<attempt>:<line>`
     (send it back as `Last-Event-ID` to resume), `event: end` when the job ends, and a
     keep-alive comment every 15 s."""
-    logs = JobLogs(service.store, service.launcher)
+    logs = service.logs
     if not follow:
         return await asyncio.to_thread(logs.text, job_id, tenant, attempt, tail)
     events = await logs.follow(job_id, tenant, attempt, last_event_id)

@@ -1,6 +1,6 @@
 """OpenAI-compatible `/v1`: `files` and `fine_tuning/jobs` with OpenAI's shapes, so the official
 `openai` package works with `base_url="http://<service>/v1"`. Our `/jobs` API stays the primary
-one; these routes map onto it (service/openai_compat.py)."""
+one; these routes map onto it (service/jobs/openai.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from eft.types.openai import (
     FineTuningJobEventList,
     FineTuningJobList,
 )
-from eft.service.openai_compat import (
+from eft.service.jobs.openai import (
     event_order, to_openai_metrics_event,
     to_job_create,
     to_openai_checkpoint,
@@ -28,7 +28,7 @@ router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai"])
 
 
 def _owner(service: JobServiceDep, job_id: str, tenant: str | None) -> str:
-    return service.store.get_job(job_id, tenant).tenant
+    return service.owner(job_id, tenant)
 
 
 @router.post("", response_model=FineTuningJob)

@@ -6,8 +6,6 @@ from fastapi import APIRouter
 
 from eft.api.deps import JobServiceDep
 from eft.types.plans import Plan, PlanRequest
-from eft.planner import plan
-from eft.service.plan_requests import spec_for_request
 
 router = APIRouter(tags=["plan"])
 
@@ -16,5 +14,4 @@ router = APIRouter(tags=["plan"])
 def create_plan(body: PlanRequest, service: JobServiceDep) -> Plan:
     """Plan a job on `cluster`: every candidate with its memory terms and reason, the chosen one,
     and when nothing fits the nearest changes that would. 422 for an unknown model."""
-    spec = spec_for_request(body, body.cluster, service.settings)
-    return Plan.model_validate(plan(spec).to_dict())
+    return Plan.model_validate(service.plan(body))

@@ -1,4 +1,4 @@
-"""Wire models of webhooks (`/webhooks`, `GET /jobs/{id}/webhooks`); see service/webhooks.py."""
+"""Wire models of webhooks (`/webhooks`, `GET /jobs/{id}/webhooks`); see service/webhooks/rules.py."""
 
 from __future__ import annotations
 

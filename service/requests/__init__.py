@@ -6,7 +6,7 @@
 3. `plan.py`: the configuration it runs with, the planner's where the request leaves it open;
 4. `prepare.py`: in the scheduler, its data tokenized and its training config built.
 
-Stages 1-3 run on the request path (`service/jobs.py:JobService.create`), stage 4 in the
+Stages 1-3 run on the request path (`service/jobs/manager.py:JobService.create`), stage 4 in the
 scheduler's validation, in the replica's helper process. Nothing here knows of jobs' lifecycle or
-scheduling: this package imports no `service/jobs.py` or `service/scheduler.py`.
+scheduling: this package imports no `service/jobs/manager.py` or `service/scheduling/scheduler.py`.
 """

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eft.service.errors import Problem, RequestInvalid
-from eft.service.model_support import ModelSupport, inspect_model
+from eft.service.requests.model_support import ModelSupport, inspect_model
 from eft.service.requests.plan import QLORA_STRATEGIES, Choice, choose_configuration
 from eft.service.requests.resolve import resolve_dataset, resolve_model, scan_cached
 from eft.service.requests.templates import check_chat_template

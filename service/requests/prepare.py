@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eft.service import hub
+from eft.service.requests import hub
 from eft.service.errors import RequestInvalid
-from eft.service.model_support import inspect_model
+from eft.service.requests.model_support import inspect_model
 from eft.service.requests.check import ResolvedInputs, check_request
 from eft.service.requests.plan import Choice
 from eft.service.requests.templates import scheduler_tokenizer, tokenizer_signature
@@ -20,7 +20,7 @@ from eft.training.config import TrainConfig, steps_for
 from eft.types.jobs import JobCreate, LoraMethod
 
 if TYPE_CHECKING:
-    from eft.service.store import JobRecord
+    from eft.service.store.store import JobRecord
 
 
 def token_cache_dir(settings: Settings) -> Path:
@@ -40,7 +40,7 @@ def build_train_config(
     init: dict[str, Any] | None = None,
 ) -> TrainConfig:
     """The one conversion from a request to a training config, with server defaults filled.
-    `init`: the checkpoint a continued job starts from (service/jobs.py:resolve_continuation)."""
+    `init`: the checkpoint a continued job starts from (service/jobs/manager.py:resolve_continuation)."""
     hp, method = req.hyperparameters, req.tuning
     lora = None
     if isinstance(method, LoraMethod):
@@ -142,10 +142,11 @@ def validate_job(job: JobRecord, settings: Settings) -> tuple[TrainConfig, dict[
 def _validate_outcome(job: JobRecord, settings: Settings, hub_token: str | None = None) -> tuple[str, Any]:
     """`validate_job` in a helper process, its expected refusals returned as plain data (the
     exceptions do not pickle as they are)."""
-    from eft.service import hub, isolation
+    from eft.service import isolation
+    from eft.service.requests import hub
     from eft.training.errors import TrainingUserError
 
-    isolation.tenant.set(job.tenant)  # whose Hub reads these are (service/hub.py)
+    isolation.tenant.set(job.tenant)  # whose Hub reads these are (service/requests/hub.py)
     hub.operator_token.set(hub_token)
     try:
         return "ok", validate_job(job, settings)
@@ -160,7 +161,7 @@ def validate_job_isolated(job: JobRecord, settings: Settings) -> tuple[TrainConf
     dataset is seconds of pure Python that, in the scheduler's thread, would hold the GIL the
     replica's event loop needs for every request. Raises as `validate_job` does."""
     from eft.service import isolation
-    from eft.service.exports import hub_token
+    from eft.service.credentials import hub_token
     from eft.training.errors import TrainingUserError
 
     kind, value = isolation.run(_validate_outcome, job, settings, hub_token(), pool="validate", param="training_file")
@@ -178,6 +179,6 @@ def helper_imports() -> None:
     import transformers  # noqa: F401
     from transformers import AutoTokenizer  # noqa: F401
 
-    import eft.service.model_support  # noqa: F401
+    import eft.service.requests.model_support  # noqa: F401
     import eft.service.requests.templates  # noqa: F401
     import eft.training.datacache  # noqa: F401

@@ -11,10 +11,10 @@ import functools
 import re
 from pathlib import Path
 
-from eft.service import hub
+from eft.service.requests import hub
 from eft.service.errors import Problem, RequestInvalid
-from eft.service.files import FILE_ID, uploaded_path
-from eft.service.paths import HUB_ID, resolve_under_roots
+from eft.service.files.store import FILE_ID, uploaded_path
+from eft.service.requests.paths import HUB_ID, resolve_under_roots
 from eft.service.settings import Settings
 from eft.training.formats import ScanResult, content_bytes, data_kind, is_dataset_dir, scan_jsonl
 
@@ -117,6 +117,5 @@ def scan_cached(path: Path, max_problems: int, columns: dict[str, str] | None = 
 def _scan(path: str, _ino: int, _key: tuple[int, int, int], max_problems: int,
           columns: tuple[tuple[str, str], ...]) -> ScanResult:
     from eft.service import isolation
-
     # In a helper process: a scan of a large file must not hold this replica's interpreter.
     return isolation.run(scan_jsonl, Path(path), max_problems, dict(columns))

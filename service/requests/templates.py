@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from eft.service.errors import Problem
-from eft.service.model_support import ComputedOnce
+from eft.service.requests.model_support import ComputedOnce
 from eft.types.jobs import JobCreate
 from eft.training.formats import iter_records
 
@@ -103,7 +103,6 @@ def _check_chat_template(model_path: str, path: Path, param: str, train_on: str,
     """`_render_chat_sample` in the model helper (service/isolation.py): a tokenizer and its
     template need transformers, which the API's process does not import."""
     from eft.service import isolation
-
     return isolation.run(_render_chat_sample, model_path, path, param, train_on, system_message, columns,
                          pool="model", param=param)
 

@@ -182,7 +182,7 @@ def test_logs_return_the_drivers_lines_whole_and_streamed(finished):
 
 
 def test_eft_jobs_plot_writes_a_png(finished, tmp_path):
-    from eft.cli import app
+    from eft.cli.main import app
 
     out = tmp_path / "loss.png"
     key = (api.headers.get("authorization") or "").removeprefix("Bearer ")

@@ -57,7 +57,7 @@ def faults(service):
 
     lose = jobs["driver"]["id"]
     latest["driver"] = until("a checkpoint Ray Train has registered", lambda: checkpointed(url, lose, 40))
-    driver = subprocess.run(["pgrep", "-f", f"eft.service.entrypoint --job-id {lose} --attempt 1"],
+    driver = subprocess.run(["pgrep", "-f", f"eft.service.runs.entrypoint --job-id {lose} --attempt 1"],
                             capture_output=True, text=True).stdout.split()
     assert driver, "no driver process found"  # the driver, and the shell Ray Jobs started it with
     for pid in driver:

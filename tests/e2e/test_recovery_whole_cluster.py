@@ -108,7 +108,7 @@ class Head:
 def _kill_leftovers(job_id: str) -> None:
     """Processes of the job that left the head's process group (Ray Jobs starts its drivers in
     a session of their own): ended by pid."""
-    found = subprocess.run(["pgrep", "-f", f"eft.service.entrypoint --job-id {job_id}"],
+    found = subprocess.run(["pgrep", "-f", f"eft.service.runs.entrypoint --job-id {job_id}"],
                            capture_output=True, text=True).stdout.split()
     for pid in found:
         try:

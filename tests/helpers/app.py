@@ -9,11 +9,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from eft.api.app import create_app
-from eft.service.auth import KeyStore
-from eft.service.jobs import JobService
-from eft.service.launcher import RayJobsLauncher
+from eft.service.accounts.auth import KeyStore
+from eft.service.jobs.manager import JobService
+from eft.service.runs.launcher import RayJobsLauncher
 from eft.service.settings import Settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 
 
 def service_app(store: Store, settings: Settings, launcher: Any = None, models: Any = None,
@@ -47,7 +47,7 @@ def tenant_clients(app: FastAPI, store: Store, tenants: tuple[str, ...] = ("acme
 def validate_pending(store: Store, settings: Settings, validate: Any = None) -> None:
     """One validation pass of the real scheduler (dispatching paused: no Ray is contacted), its
     validation in the helper process as in a replica."""
-    from eft.service.scheduler import Scheduler
+    from eft.service.scheduling.scheduler import Scheduler
     from eft.service.requests.prepare import validate_job_isolated
 
     Scheduler(store, RayJobsLauncher(settings), settings.model_copy(update={"dispatch_paused": True}),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from eft.service.launcher import RayJobState, submission_id_for
+from eft.service.runs.launcher import RayJobState, submission_id_for
 from eft.training.config import TrainConfig
 
 

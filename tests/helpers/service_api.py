@@ -37,9 +37,9 @@ def client(url: str) -> Client:
 
 def key_for(home: Path, tenant: str) -> str:
     """A user key of `tenant`, made in the service's own store (as `eft keys create` does)."""
-    from eft.service.auth import KeyStore
+    from eft.service.accounts.auth import KeyStore
     from eft.service.settings import Settings
-    from eft.service.store import Store
+    from eft.service.store.store import Store
 
     store = Store(Settings(home=home, database_url=None).resolved_database_url)
     try:

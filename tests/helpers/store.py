@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.types.jobs import JobStatus
 
 

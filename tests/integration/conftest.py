@@ -3,7 +3,7 @@
 import pytest
 
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from tests.helpers.app import service_app, tenant_client
 
 

@@ -16,11 +16,11 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from fastapi.testclient import TestClient
     from eft.api.app import create_app
-    from eft.service.auth import KeyStore
-    from eft.service.jobs import JobService
-    from eft.service.launcher import RayJobsLauncher
+    from eft.service.accounts.auth import KeyStore
+    from eft.service.jobs.manager import JobService
+    from eft.service.runs.launcher import RayJobsLauncher
     from eft.service.settings import get_settings
-    from eft.service.store import Store
+    from eft.service.store.store import Store
 
     settings = get_settings()
     store = Store(settings.resolved_database_url)

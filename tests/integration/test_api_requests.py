@@ -219,7 +219,7 @@ def test_the_job_is_planned_once_when_accepted_and_validated_with_that_plan(clie
     config follows the stored one)."""
     import sqlalchemy as sa
 
-    from eft.service.store import jobs
+    from eft.service.store.store import jobs
     from eft.service.requests.prepare import validate_job
 
     service = client.app.state.job_service
@@ -283,9 +283,9 @@ def test_a_dataset_edited_after_a_job_is_checked_again(client, data, eft_home):
 def test_a_created_job_calls_the_replicas_hook_once(eft_home, data):
     from fastapi.testclient import TestClient
 
-    from eft.service.auth import KeyStore
+    from eft.service.accounts.auth import KeyStore
     from eft.service.settings import get_settings
-    from eft.service.store import Store
+    from eft.service.store.store import Store
 
     settings, calls = get_settings(), []
     store = Store(settings.resolved_database_url)

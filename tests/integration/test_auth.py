@@ -8,10 +8,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from eft.cli import app as cli
-from eft.service.auth import KeyStore
+from eft.cli.main import app as cli
+from eft.service.accounts.auth import KeyStore
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from tests.helpers.app import service_app
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}

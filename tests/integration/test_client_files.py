@@ -7,7 +7,8 @@ import httpx
 from typer.testing import CliRunner
 
 from eft import AsyncClient, Client
-from eft import cli as cli_module
+from eft.cli import main as cli_module
+from eft.cli import output as cli_output
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
@@ -37,7 +38,7 @@ def test_sync_and_async_clients_upload_list_validate_delete(client, tmp_path):
 
 def test_eft_files_upload_list_validate(client, tmp_path, monkeypatch):
     key = client.headers["Authorization"].removeprefix("Bearer ")
-    monkeypatch.setattr(cli_module.output, "make_client",
+    monkeypatch.setattr(cli_output, "make_client",
                         lambda base_url, api_key: Client(base_url="http://testserver", api_key=key,
                                                          http_client=client))
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"

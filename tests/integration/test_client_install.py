@@ -50,7 +50,7 @@ def test_the_wheel_installs_nothing_but_eft_at_the_top(client_venv):
         names = archive.namelist()
     assert {t for t in tops if not t.endswith(".dist-info")} == {"eft"}
     # The repository's folders are inside the namespace, with the web page's static files.
-    for module in ("eft/api/app.py", "eft/service/store.py", "eft/training/loop.py",
+    for module in ("eft/api/app.py", "eft/service/store/store.py", "eft/training/loop.py",
                    "eft/types/jobs.py", "eft/planner/planning.py", "eft/api/static/ui.js"):
         assert module in names, module
 

@@ -11,11 +11,11 @@ from datetime import timedelta
 
 import pytest
 
-from eft.service import queueing
-from eft.service.capacity import Node
-from eft.service.scheduler import Scheduler
+from eft.service.scheduling import queueing
+from eft.service.scheduling.capacity import Node
+from eft.service.scheduling.scheduler import Scheduler
 from eft.service.settings import NodeGroup, Settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.training.config import TrainConfig
 from eft.types.jobs import JobStatus
 
@@ -160,7 +160,7 @@ def test_a_high_priority_job_shrinks_an_elastic_one_to_make_room_then_it_grows_b
     events = [e for e in store.list_events(elastic, limit=100)[0] if e.type == "scheduled"]
     assert len(events) == 1 and urgent in events[-1].message and events[-1].data["workers"] == 1
     # The driver keeps to it: through the reporter it reads the scheduler's size.
-    from eft.service.reporter import StoreReporter
+    from eft.service.runs.reporter import StoreReporter
 
     limit = StoreReporter("", elastic, job.attempt, store=store).worker_limit()
     assert limit == {"workers": 1, "reason": "shrink: room for another job", "because_of": urgent}
@@ -278,7 +278,7 @@ def test_a_gpu_job_waits_for_a_gpu_type_with_its_planned_memory_and_is_pinned_to
     scheduler.tick()
     assert _started(launcher) == {small, big}
     assert store.get_job(big).schedule["accelerator_type"] == "H100"
-    # What its driver builds its Ray Train workers from (service/entrypoint.py): the type pinned.
-    from eft.service.entrypoint import train_config
+    # What its driver builds its Ray Train workers from (service/runs/entrypoint.py): the type pinned.
+    from eft.service.runs.entrypoint import train_config
 
     assert train_config(store.get_job(big)).accelerator_type == "H100"

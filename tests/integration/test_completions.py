@@ -12,9 +12,9 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
-from eft.service.inference import LocalModels
+from eft.service.serving.engine import LocalModels
 from eft.service.settings import BUNDLED_ASSETS, get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.types.jobs import JobStatus
 from tests.helpers.reference import reference_reply
 from tests.helpers.app import bearer, new_key, service_app

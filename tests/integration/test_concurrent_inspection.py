@@ -16,7 +16,7 @@ MODELS = REPO / "assets" / "models"
 
 CODE = """
 import sys, threading
-from eft.service.model_support import inspect_model
+from eft.service.requests.model_support import inspect_model
 from eft.service.requests.templates import tokenizer_problem
 paths = sys.argv[1:]
 results, errors = [], []

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from eft.service.db import retrying
-from eft.service.store import Store
+from eft.service.store.db import retrying
+from eft.service.store.store import Store
 from tests.helpers.databases import POSTGRES_URL
 
 

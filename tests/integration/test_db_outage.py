@@ -11,11 +11,11 @@ import threading
 
 import pytest
 
-from eft.service.launcher import RayJobState
-from eft.service.reporter import StoreReporter
-from eft.service.scheduler import Scheduler
+from eft.service.runs.launcher import RayJobState
+from eft.service.runs.reporter import StoreReporter
+from eft.service.scheduling.scheduler import Scheduler
 from eft.service.settings import Settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.training import controller
 from eft.training.reporting import RunSpec
 from eft.types.jobs import JobStatus

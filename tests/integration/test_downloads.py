@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from eft.service.settings import BUNDLED_ASSETS, get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.types.jobs import JobStatus
 from tests.helpers.app import bearer, new_key, service_app
 
@@ -57,7 +57,8 @@ def test_a_succeeded_jobs_files_download_checked_and_its_model_ids_resolve(env, 
     from typer.testing import CliRunner
 
     from eft import AsyncClient, Client
-    from eft import cli as cli_module
+    from eft.cli import main as cli_module
+    from eft.cli import output as cli_output
 
     clients, keys_of, store, tmp = env
     acme = clients["acme"]
@@ -92,7 +93,7 @@ def test_a_succeeded_jobs_files_download_checked_and_its_model_ids_resolve(env, 
     assert len(asyncio.run(download_async())) == len(on_disk)
     assert (tmp / "async" / "tensorboard" / "events.out").read_bytes() == (source / "tensorboard" / "events.out").read_bytes()
 
-    monkeypatch.setattr(cli_module.output, "make_client", lambda base_url, api_key: sync)
+    monkeypatch.setattr(cli_output, "make_client", lambda base_url, api_key: sync)
     shown = CliRunner().invoke(cli_module.app, ["jobs", "download", job["id"], "-o", str(tmp / "cli"), "--json"])
     assert shown.exit_code == 0, shown.output
     assert len(json.loads(shown.output)["files"]) == len(on_disk)
@@ -152,7 +153,7 @@ def test_an_artifacts_hashes_are_computed_once_at_publish(tmp_path, monkeypatch)
     replica's first listing (another tenant's GET /jobs waited 8-18 s behind large ones). Now
     its publish records the hashes in the commit marker and a listing reads them; a file that
     changed since (its size differs) is hashed again."""
-    from eft.service import downloads
+    from eft.service.serving import downloads
     from eft.training.artifacts import COMMIT_MARKER, publish
 
     source = _adapter(tmp_path / "adapter")

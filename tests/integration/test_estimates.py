@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from eft.service.wire import to_wire
-from eft.service.openai_compat import to_openai_job
-from eft.service.reporter import StoreReporter
-from eft.service.scheduler import Scheduler
+from eft.service.jobs.wire import to_wire
+from eft.service.jobs.openai import to_openai_job
+from eft.service.runs.reporter import StoreReporter
+from eft.service.scheduling.scheduler import Scheduler
 from eft.service.settings import Prices, Settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.training.config import TrainConfig
 from eft.types.jobs import JobStatus
 

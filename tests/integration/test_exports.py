@@ -17,11 +17,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from eft.service import exports
-from eft.service.auth import KeyStore
-from eft.service.launcher import RayJobsLauncher
+from eft.service.serving import exports
+from eft.service.accounts.auth import KeyStore
+from eft.service.runs.launcher import RayJobsLauncher
 from eft.service.settings import BUNDLED_ASSETS, get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.types.jobs import JobStatus
 from tests.helpers.app import service_app
 
@@ -191,7 +191,7 @@ def test_exports_push_to_the_hub_with_the_operators_token_only(env, hub, tmp_pat
     monkeypatch.setenv("HF_TOKEN", hub.token)
     monkeypatch.setenv("EFT_HUB_PUSH_NAMESPACES", '{"acme": ["acme"]}')
     get_settings.cache_clear()
-    client.app.state.job_service.settings = get_settings()
+    client.app.state.job_service.exports.settings = get_settings()
     for kind, repo in (("adapter", "acme/bot-adapter"), ("merged", "acme/bot")):
         started = client.post(f"/jobs/{job['id']}/export", json={"kind": kind, "hub_repo": repo})
         assert started.status_code == 202 and started.json()["hub_repo"] == repo
@@ -232,7 +232,7 @@ def test_pushes_go_only_to_the_tenants_namespaces_and_repositories(env, hub, tmp
     assert "EFT_HUB_PUSH_NAMESPACES" in error["message"]
     monkeypatch.setenv("EFT_HUB_PUSH_NAMESPACES", '{"acme": ["acme"], "globex": ["operator"]}')
     get_settings.cache_clear()
-    client.app.state.job_service.settings = get_settings()
+    client.app.state.job_service.exports.settings = get_settings()
     outside = client.post(f"/jobs/{job}/export", json={"kind": "adapter", "hub_repo": "operator/model"})
     assert outside.status_code == 403 and "'acme/...'" in outside.json()["error"]["message"]
     assert hub.repos.keys() == {"acme/someone-elses"} and not launcher.__dict__.get("pending")
@@ -256,7 +256,7 @@ def test_exports_per_tenant_are_capped_and_reserve_their_memory(env, tmp_path, m
     client, store, launcher, _ = env
     monkeypatch.setenv("EFT_EXPORTS_PER_TENANT", "1")
     get_settings.cache_clear()
-    client.app.state.job_service.settings = get_settings()
+    client.app.state.job_service.exports.settings = get_settings()
     first, second = _succeeded_job(client, store, tmp_path), _succeeded_job(client, store, tmp_path)
     assert client.post(f"/jobs/{first}/export", json={"kind": "merged"}).status_code == 202
     weights = sum(f.stat().st_size for f in BASE.glob("*.safetensors"))

@@ -10,11 +10,11 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from eft.service.auth import KeyStore
-from eft.service.launcher import RayJobsLauncher
-from eft.service.scheduler import Scheduler
+from eft.service.accounts.auth import KeyStore
+from eft.service.runs.launcher import RayJobsLauncher
+from eft.service.scheduling.scheduler import Scheduler
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.service.requests.prepare import validate_job
 from eft.service.requests.templates import TEMPLATE_SAMPLE
 from devkit.families import model_name

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from eft.service.auth import KeyStore
+from eft.service.accounts.auth import KeyStore
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 

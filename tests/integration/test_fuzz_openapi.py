@@ -14,9 +14,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from eft.service.auth import KeyStore
+from eft.service.accounts.auth import KeyStore
 from eft.service.settings import Settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from tests.helpers.app import service_app
 
 MAX_EXAMPLES = 12

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from eft.service.auth import KeyStore
-from eft.service.quotas import set_tenant_limits
+from eft.service.accounts.auth import KeyStore
+from eft.service.accounts.quotas import set_tenant_limits
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from tests.helpers.app import service_app
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -127,7 +127,7 @@ def test_a_slow_request_keeps_its_idempotency_claim(eft_home, monkeypatch):
     repeat with the same key waits for it and gets its job, instead of creating a second."""
     import threading
 
-    from eft.service import idempotency
+    from eft.service.accounts import idempotency
     from eft.service.settings import get_settings
 
     monkeypatch.setattr(idempotency, "ABANDONED_AFTER_S", 0.5)

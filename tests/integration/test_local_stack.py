@@ -83,7 +83,7 @@ def test_a_port_another_program_holds_is_named_before_ray_starts(monkeypatch):
         # `eft up` on that port: exit code 2 and the reason, and no Ray started for nothing.
         from typer.testing import CliRunner
 
-        from eft.cli import app
+        from eft.cli.main import app
 
         monkeypatch.setattr(local, "ray_is_running", lambda: False)
         monkeypatch.setattr(local, "start_ray_head", lambda *a: pytest.fail("started Ray for a port it cannot use"))

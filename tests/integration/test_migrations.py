@@ -1,6 +1,6 @@
 """Alembic migrations of the job store, on SQLite and on the local PostgreSQL.
 
-The migrations must build exactly the schema service/store.py declares: a table or column added
+The migrations must build exactly the schema service/store/store.py declares: a table or column added
 to the store without a migration fails here. A database created before migrations existed (by
 `metadata.create_all`) is stamped and upgraded in place, its rows kept.
 """
@@ -12,9 +12,9 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from eft.service import migrations
-from eft.service.db import make_engine
-from eft.service.store import Store, metadata
+from eft.service.store import migrations
+from eft.service.store.db import make_engine
+from eft.service.store.store import Store, metadata
 
 
 def _differences(engine: sa.Engine) -> list:

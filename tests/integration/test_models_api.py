@@ -9,7 +9,7 @@ import json
 import pytest
 
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from tests.helpers.app import service_app, tenant_clients
 
 
@@ -82,11 +82,12 @@ def test_eft_models_list_and_get(clients, monkeypatch):
     from typer.testing import CliRunner
 
     from eft import Client
-    from eft import cli as cli_module
+    from eft.cli import main as cli_module
+    from eft.cli import output as cli_output
 
     http = clients["globex"]
     key = http.headers["Authorization"].removeprefix("Bearer ")
-    monkeypatch.setattr(cli_module.output, "make_client", lambda base_url, api_key: Client(
+    monkeypatch.setattr(cli_output, "make_client", lambda base_url, api_key: Client(
         base_url="http://testserver", api_key=key, http_client=http, max_retries=0))
     runner = CliRunner()
     listed = runner.invoke(cli_module.app, ["models", "list", "--json"])

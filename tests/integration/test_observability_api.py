@@ -96,7 +96,7 @@ def test_logs_and_manifest_before_the_job_ran_are_409_with_the_envelope(client, 
 
 
 def test_latest_metric_values_takes_each_jobs_newest_row(database_url):
-    from eft.service.store import Store
+    from eft.service.store.store import Store
     from eft.types.jobs import JobStatus
 
     store = Store(database_url)
@@ -119,7 +119,7 @@ def test_latest_metric_values_takes_each_jobs_newest_row(database_url):
 def test_log_streams_are_bounded_per_tenant_and_in_time(client, eft_home):
     """A tenant holds at most EFT_LOG_STREAMS_PER_TENANT streams (one more is a 429), and a
     stream ends with `stream_time_limit` after EFT_LOG_STREAM_MAX_S."""
-    from eft.service.logs import LogStreams
+    from eft.service.runs.logs import LogStreams
 
     client.app.state.log_streams = LogStreams(per_tenant=1, max_seconds=0.5)
     job = _create(client, eft_home)  # never dispatched here: its stream waits for a Ray Job

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eft.service.reporter import StoreReporter
+from eft.service.runs.reporter import StoreReporter
 from eft.types.jobs import JobStatus
 
 
@@ -83,7 +83,7 @@ def test_a_paused_job_holds_no_quota_and_its_resume_is_checked_against_it(servic
     """A paused job does not count against its tenant's active jobs (another may run meanwhile),
     so resuming it takes quota again: over the limit it is a 429 naming the limit and the job
     stays paused; once room frees it resumes."""
-    from eft.service.quotas import set_tenant_limits
+    from eft.service.accounts.quotas import set_tenant_limits
 
     client, store, _ = service
     tenant = store.get_job(job).tenant
@@ -102,7 +102,7 @@ def test_a_paused_job_holds_no_quota_and_its_resume_is_checked_against_it(servic
 def test_an_owners_pause_holds_a_job_the_scheduler_had_paused(service, job):
     """The scheduler pauses a job to make room and queues it again once room frees; if its owner
     pauses it meanwhile, it stays paused until the owner resumes it."""
-    from eft.service.queueing import scheduler_paused
+    from eft.service.scheduling.queueing import scheduler_paused
 
     client, store, _ = service
     store.transition(job, JobStatus.running, "dispatched", attempt=1)

@@ -104,7 +104,7 @@ def test_a_job_that_cannot_fit_is_refused_naming_the_nearest_fit(eft_home):
     from eft.types.plans import Cluster
     from eft.service.errors import RequestInvalid
     from eft.planner import plan
-    from eft.service.plan_requests import refuse_unless_fits, spec_for_request
+    from eft.service.requests.plan import refuse_unless_fits, spec_for_request
 
     job = JobCreate.model_validate({"model": "llama-2-70b", "training_file": "t.jsonl",
                                     "strategy": "zero2", "hyperparameters": {"max_seq_len": 4096,

@@ -8,9 +8,9 @@ import time
 
 from fastapi.testclient import TestClient
 
-from eft.service.auth import KeyStore
+from eft.service.accounts.auth import KeyStore
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from tests.helpers.app import service_app
 
 LINE = (json.dumps({"messages": [{"role": "user", "content": "x" * 400},

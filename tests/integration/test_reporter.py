@@ -10,8 +10,8 @@ import pickle
 
 import pytest
 
-from eft.service.reporter import StoreReporter
-from eft.service.store import Store
+from eft.service.runs.reporter import StoreReporter
+from eft.service.store.store import Store
 from eft.training.reporting import Reporter
 from eft.types.jobs import JobStatus
 from tests.helpers.store import running_job

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from eft.service.reporter import StoreReporter
+from eft.service.runs.reporter import StoreReporter
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from eft.types.jobs import JobStatus
 from tests.helpers.app import service_app, tenant_clients
 

@@ -7,10 +7,10 @@ import threading
 import pytest
 
 from eft.types.jobs import JobStatus
-from eft.service.launcher import RayJobState
-from eft.service.scheduler import Scheduler
+from eft.service.runs.launcher import RayJobState
+from eft.service.scheduling.scheduler import Scheduler
 from eft.service.settings import Settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from tests.helpers.fakes import RecordingLauncher, unknown_capacity, validate_ok
 
 REQUEST = {"model": "tiny-llama", "training_file": "t.jsonl"}
@@ -178,7 +178,7 @@ def test_a_pass_without_reconcile_asks_ray_only_about_cancelling_jobs(store):
 
 
 def test_a_created_job_wakes_the_scheduler_before_its_interval(store):
-    from eft.service.jobs import JobService
+    from eft.service.jobs.manager import JobService
 
     launcher = RecordingLauncher()
     scheduler = _scheduler(store, launcher, scheduler_interval_s=3600, reconcile_interval_s=3600)
@@ -202,7 +202,7 @@ def test_a_created_job_wakes_the_scheduler_before_its_interval(store):
 def test_a_cancel_that_races_the_scheduler_cancels_the_job_it_finds(store):
     """The scheduler validates the job between the cancel's read and its compare-and-set: the
     cancel reads the job again and cancels it from `queued` (it answered 409 before)."""
-    from eft.service.jobs import JobService
+    from eft.service.jobs.manager import JobService
 
     launcher = RecordingLauncher()
     job, = _queued(store)
@@ -269,8 +269,8 @@ def test_four_replicas_at_once_never_pass_the_cluster_limit(store):
 def test_another_tenants_job_is_dispatched_past_a_backlog_of_500(store):
     """Tenant a queued 500 jobs before tenant b queued one; a runs its 2 and b's job takes the
     next free slot (dispatch looks at every tenant's oldest job, not at a window of the queue)."""
-    from eft.service.schema import jobs as jobs_table
-    from eft.service.store import utcnow
+    from eft.service.store.schema import jobs as jobs_table
+    from eft.service.store.store import utcnow
 
     now = utcnow()
     with store.engine.begin() as conn:  # 500 queued jobs of one tenant, in one statement
@@ -315,7 +315,7 @@ class Crash(BaseException):
 
 def _finish_as_driver(store, job_id):
     """Play the driver of the job's current attempt: it succeeds, and its Ray Job ends."""
-    from eft.service.reporter import StoreReporter
+    from eft.service.runs.reporter import StoreReporter
 
     job = store.get_job(job_id)
     assert StoreReporter(store.url, job_id, job.attempt).succeeded("/artifacts/x", {"loss": 1.0}, 5)
@@ -380,7 +380,7 @@ def test_a_cancel_during_a_failed_submit_ends_cancelled(store):
     """The cancel lands while the submit is failing: the dispatcher cannot requeue a job that
     is `cancelling` now, and reconcile settles it as cancelled (before, it stayed `cancelling`
     for ever because no submission id had been recorded)."""
-    from eft.service.jobs import JobService
+    from eft.service.jobs.manager import JobService
 
     launcher = RecordingLauncher()
     job, = _queued(store)
@@ -402,7 +402,7 @@ def test_a_cancel_during_a_failed_submit_ends_cancelled(store):
 def test_a_replica_crashing_in_the_middle_of_a_cancel_leaves_nothing_running(store):
     """The cancel recorded `cancelling` and the replica died before it stopped the Ray Job:
     the next replica's pass stops it and settles the job as cancelled, once."""
-    from eft.service.jobs import JobService
+    from eft.service.jobs.manager import JobService
 
     launcher = RecordingLauncher()
     job, = _queued(store)
@@ -457,8 +457,7 @@ def test_priority_orders_a_tenants_queue_and_weights_share_the_slots(store):
 def test_a_queued_job_reports_its_place_its_reason_and_an_estimated_start(store):
     from datetime import timedelta
 
-    from eft.service import queueing
-
+    from eft.service.scheduling import queueing
     settings = Settings(max_running_jobs=1, max_running_jobs_per_tenant=1)
     running, = _queued(store, "a")
     store.transition(running.id, JobStatus.queued, "validated", total_steps=100)
@@ -482,12 +481,11 @@ def test_a_queued_job_reports_its_place_its_reason_and_an_estimated_start(store)
 
 
 def test_reads_share_the_queue_order_until_the_queue_changes(store):
-    """`GET /jobs/{id}` of queued jobs shares one dispatch order (service/queueing.py
+    """`GET /jobs/{id}` of queued jobs shares one dispatch order (service/scheduling/queueing.py
     `QueueCache`): reads between two changes get the places a fresh computation gives, a job
     queued, dispatched or started elsewhere changes them at once, and the plan `take` uses is
     never changed by a read."""
-    from eft.service import queueing
-
+    from eft.service.scheduling import queueing
     settings = Settings(max_running_jobs=1, max_running_jobs_per_tenant=5)
     cache = queueing.QueueCache(store, settings, max_age_s=3600)  # only a change may refresh it
     jobs = _queued(store, "a", 3)

@@ -5,9 +5,9 @@ import json
 
 from fastapi.testclient import TestClient
 
-from eft.service.auth import KeyStore
+from eft.service.accounts.auth import KeyStore
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from tests.helpers.app import service_app
 
 _KEYS: dict[str, str] = {}

@@ -4,8 +4,8 @@ import pytest
 
 from eft.types.jobs import JobStatus
 from eft.service.errors import Conflict, JobNotFound
-from eft.service.lifecycle import IllegalTransition
-from eft.service.store import Store
+from eft.service.jobs.lifecycle import IllegalTransition
+from eft.service.store.store import Store
 
 REQUEST = {"model": "tiny-llama", "training_file": "demo/chat_train.jsonl"}
 

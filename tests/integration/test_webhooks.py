@@ -13,8 +13,8 @@ import pytest
 
 from tests.helpers.receiver import Receiver
 
-from eft.service.webhook_sender import WebhookSender
-from eft.service.webhooks import url_problem
+from eft.service.webhooks.sender import WebhookSender
+from eft.service.webhooks.rules import url_problem
 from eft.types.jobs import JobStatus
 
 
@@ -224,7 +224,7 @@ def test_the_sender_reports_its_health():
 
 def test_an_admin_keys_webhooks_are_its_own_tenants(setup, receiver):
     """An admin key sees every tenant's jobs, but its webhooks and secret are its own tenant's."""
-    from eft.service.auth import KeyStore
+    from eft.service.accounts.auth import KeyStore
 
     client, store, *_ = setup
     _, key = KeyStore(store.engine).create("ops", "admin", name="admin")

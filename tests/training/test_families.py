@@ -284,7 +284,7 @@ def test_lora_model_state_is_what_the_planner_counts(name):
     from eft.planner.architectures import architecture_from_config
     from eft.planner.memory import GB, estimate_memory
     from eft.planner.spec import Configuration, PlanSpec
-    from eft.service.model_support import inspect_model
+    from eft.service.requests.model_support import inspect_model
     from eft.training.config import TrainConfig
     from eft.training.model import load_trainable_model
 
@@ -348,7 +348,7 @@ def test_planned_activations_are_what_autograd_saves(name, method):
     from eft.planner.architectures import architecture_from_config
     from eft.planner.memory import forward_bytes
     from eft.planner.spec import Configuration, PlanSpec
-    from eft.service.model_support import inspect_model
+    from eft.service.requests.model_support import inspect_model
     from eft.training.model import peft_target_modules
 
     path = MODELS / model_name(name)
@@ -386,7 +386,7 @@ def test_planned_bf16_activations_are_what_autograd_saves(name, method):
     from eft.planner.architectures import architecture_from_config
     from eft.planner.memory import forward_bytes
     from eft.planner.spec import Configuration, PlanSpec
-    from eft.service.model_support import inspect_model
+    from eft.service.requests.model_support import inspect_model
     from eft.training.lora import keep_activation_dtype
     from eft.training.model import peft_target_modules
 
@@ -421,7 +421,7 @@ def _lora_family_model(path: Path, alpha: int):
     """The family's model in fp32 with LoRA r 4 on every linear layer, B non-zero."""
     from peft import LoraConfig, get_peft_model
 
-    from eft.service.model_support import inspect_model
+    from eft.service.requests.model_support import inspect_model
     from eft.training.model import peft_target_modules
 
     support = inspect_model(str(path))

@@ -9,7 +9,7 @@ checkpoint must save and restore the shared weight.
 
 Each job goes the service's whole way but for the transport: posted to the app (`POST /jobs`),
 validated by the scheduler's validation in its helper process, claimed as the dispatcher claims
-it, and run by the Ray Job entrypoint's own `run` (service/entrypoint.py) in this process, whose
+it, and run by the Ray Job entrypoint's own `run` (service/runs/entrypoint.py) in this process, whose
 driver starts a real Ray Train worker group on the tier's shared Ray. What HTTP, Ray Serve and Ray
 Jobs add is the same for every architecture; the e2e journeys prove it once
 (tests/e2e/test_finished_job.py).
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from eft.service import entrypoint
-from eft.service.scheduler import ACTIVE
+from eft.service.runs import entrypoint
+from eft.service.scheduling.scheduler import ACTIVE
 from eft.service.settings import get_settings
-from eft.service.store import Store
+from eft.service.store.store import Store
 from devkit.families import model_name
 from devkit.family_specs import FAMILIES
 from eft.types.jobs import JobStatus

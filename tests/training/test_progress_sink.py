@@ -6,8 +6,8 @@ Run: .venv/bin/python -m pytest tests/training/test_progress_sink.py -q
 
 from __future__ import annotations
 
-from eft.service.reporter import StoreReporter
-from eft.service.store import Store
+from eft.service.runs.reporter import StoreReporter
+from eft.service.store.store import Store
 from tests.helpers.store import running_job
 
 

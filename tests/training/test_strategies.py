@@ -33,8 +33,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eft.service.reporter import StoreReporter
-from eft.service.store import Store
+from eft.service.runs.reporter import StoreReporter
+from eft.service.store.store import Store
 from eft.training import driver
 from eft.training.config import LoraSpec, TrainConfig
 from eft.training.reporting import RunSpec

@@ -5,7 +5,7 @@
 
 Every import counts: module-level, inside functions, `importlib.import_module("...")`,
 `__import__("...")`, and string literals that name a module (`"eft.api.deployment:app"`,
-`python -m eft.service.entrypoint`).
+`python -m eft.service.runs.entrypoint`).
 
 No two first-party modules import each other, directly or around a loop, at module level or
 inside a function (an import inside a function is still an import: it only hides the loop).
@@ -196,7 +196,7 @@ def test_an_import_against_the_layers_is_caught(tmp_path):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "__init__.py").write_text("")
     (tmp_path / "training" / "driver.py").write_text(
-        "def run():\n    from eft.service.store import Store\n")
+        "def run():\n    from eft.service.store.store import Store\n")
     (tmp_path / "service" / "jobs.py").write_text("from eft.api.app import create_app\n")
     (tmp_path / "eft" / "cli.py").write_text(
         "import importlib\nlocal = importlib.import_module('eft.api.local')\n")
@@ -207,7 +207,7 @@ def test_an_import_against_the_layers_is_caught(tmp_path):
         "eft/cli.py:2: client imports eft.api.local",
         "service/jobs.py:1: service imports eft.api.app",
         "service/launcher.py:1: service imports eft.api.deployment",
-        "training/driver.py:2: training imports eft.service.store",
+        "training/driver.py:2: training imports eft.service.store.store",
         "training/loop.py:1: training imports eft.types",
     ]
 
@@ -246,7 +246,25 @@ def test_a_package_left_out_of_the_wheel_is_caught(tmp_path):
 #: Folders inside a package, and the modules of the same package they must not import: a rule
 #: lives in the folder its concept names, and a stage does not reach back into what runs it.
 FOLDER_RULES = {
-    "service/requests": ("eft.service.jobs", "eft.service.scheduler", "eft.service.launcher"),
+    # The store is the floor: a status change knows its lifecycle and the webhooks it owes, nothing more.
+    "service/store": ("eft.service.accounts", "eft.service.files", "eft.service.requests", "eft.service.jobs.manager",
+                      "eft.service.jobs.wire", "eft.service.jobs.openai", "eft.service.scheduling", "eft.service.runs",
+                      "eft.service.serving"),
+    "service/accounts": ("eft.service.files", "eft.service.requests", "eft.service.jobs", "eft.service.runs",
+                         "eft.service.serving", "eft.service.webhooks"),
+    "service/files": ("eft.service.requests", "eft.service.jobs", "eft.service.scheduling", "eft.service.runs",
+                      "eft.service.serving", "eft.service.webhooks"),
+    # A request's stages check and plan; they never reach back into what runs them.
+    "service/requests": ("eft.service.jobs", "eft.service.scheduling", "eft.service.runs", "eft.service.serving",
+                         "eft.service.webhooks"),
+    "service/scheduling": ("eft.service.accounts", "eft.service.files", "eft.service.requests",
+                           "eft.service.jobs.manager", "eft.service.serving", "eft.service.webhooks"),
+    "service/runs": ("eft.service.requests", "eft.service.jobs", "eft.service.scheduling", "eft.service.serving",
+                     "eft.service.webhooks"),
+    "service/serving": ("eft.service.accounts", "eft.service.files", "eft.service.requests", "eft.service.jobs",
+                        "eft.service.scheduling", "eft.service.runs", "eft.service.webhooks"),
+    "service/webhooks": ("eft.service.accounts", "eft.service.files", "eft.service.requests", "eft.service.jobs",
+                         "eft.service.scheduling", "eft.service.runs", "eft.service.serving"),
 }
 
 
@@ -269,5 +287,60 @@ def test_each_folder_keeps_to_its_concept():
 
 def test_a_folder_reaching_into_what_runs_it_is_caught(tmp_path):
     (tmp_path / "service" / "requests").mkdir(parents=True)
-    (tmp_path / "service" / "requests" / "check.py").write_text("from eft.service.scheduler import Scheduler\n")
-    assert folder_rule_breaches(tmp_path) == ["service/requests/check.py:1: imports eft.service.scheduler"]
+    (tmp_path / "service" / "requests" / "check.py").write_text("from eft.service.scheduling.scheduler import Scheduler\n")
+    assert folder_rule_breaches(tmp_path) == ["service/requests/check.py:1: imports eft.service.scheduling"]
+
+
+#: What a route must not reach through the service for: the rooms' own state. A route calls one
+#: method of the job service (or of one of its facades: `exports`, `models`, `webhooks`, `logs`).
+REACH_THROUGH = ("store", "engine", "launcher", "settings")
+
+
+def reach_throughs(root: Path) -> list[str]:
+    """"<file>:<line>: .<attribute>" for every route reading a service's state."""
+    found = []
+    for path in sorted((root / "api" / "routes").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in REACH_THROUGH:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
+    return sorted(found)
+
+
+def test_routes_call_the_service_and_never_reach_into_it():
+    assert reach_throughs(REPO) == []
+
+
+def test_a_route_reaching_into_the_store_is_caught(tmp_path):
+    (tmp_path / "api" / "routes").mkdir(parents=True)
+    (tmp_path / "api" / "routes" / "jobs.py").write_text(
+        "def get(service):\n    job = service.get('x')\n    return service.store.get_job('x')\n")
+    assert reach_throughs(tmp_path) == ["api/routes/jobs.py:3: .store"]
+
+
+#: The most lines a product module holds: past it, a module is doing two jobs. Data tables
+#: (registries of known models and their numbers) are exempt, by name.
+MAX_LINES = 450
+DATA_TABLES: set[str] = set()
+
+
+def oversized(root: Path) -> list[str]:
+    """"<file>: <lines>" for every product module over MAX_LINES."""
+    found = []
+    for folder in FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            name = str(path.relative_to(root))
+            lines = len(path.read_text().splitlines())
+            if lines > MAX_LINES and name not in DATA_TABLES:
+                found.append(f"{name}: {lines}")
+    return found
+
+
+def test_no_product_module_is_over_450_lines():
+    assert oversized(REPO) == []
+
+
+def test_an_oversized_module_is_caught(tmp_path):
+    (tmp_path / "service").mkdir()
+    (tmp_path / "service" / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "service" / "small.py").write_text("x = 1\n" * MAX_LINES)
+    assert oversized(tmp_path) == [f"service/big.py: {MAX_LINES + 1}"]

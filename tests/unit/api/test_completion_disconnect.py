@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from eft.api.routes import completions
-from eft.service.ratelimit import TenantSlots
+from eft.service.accounts.ratelimit import TenantSlots
 
 
 class _Client:

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from eft.api.inference import ModelsUnavailable, ServeModels
-from eft.service.inference import BaseSource, Request
+from eft.service.serving.engine import BaseSource, Request
 
 
 class _Responses:

@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 import eft
-from eft import Client, cli
+from eft import Client
+from eft.cli import main as cli
 from eft.cli import output
 
 runner = CliRunner()

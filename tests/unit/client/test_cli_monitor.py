@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 
 from tests.unit.client.test_cli import job_json, runner, serve  # noqa: F401 - the fixture
-from eft import cli
+from eft.cli import main as cli
 
 
 def test_logs_prints_the_attempts_text_and_sends_the_key(serve, monkeypatch):  # noqa: F811

@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from eft.types.plans import Plan
-from eft import AsyncClient, Client, cli
+from eft import AsyncClient, Client
+from eft.cli import main as cli
 from eft.cli import output
 from eft.cli import plan as cli_plan
 from tests.helpers.paths import REPO

@@ -12,7 +12,7 @@ HEAVY = ("torch", "ray", "fastapi", "transformers")
 
 def test_importing_the_client_loads_nothing_heavy():
     code = (
-        "import sys, eft, eft.client, eft.cli\n"
+        "import sys, eft, eft.client, eft.cli.main\n"
         f"loaded = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "print(','.join(loaded))\n"
     )

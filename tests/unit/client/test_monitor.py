@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 from eft.types.jobs import Job, JobMetric, JobStatus
 from eft import monitor
 from eft._base import server_events
-from eft.service.progress import progress_fields
-from eft.service.store import JobRecord
+from eft.service.jobs.progress import progress_fields
+from eft.service.store.store import JobRecord
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -108,7 +108,7 @@ def test_tensorboard_tracker_writes_scalars_and_they_join_the_published_adapter(
 def test_mlflow_tracker_logs_a_run_per_attempt_to_a_file_store(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from eft.service.entrypoint import run_spec
+    from eft.service.runs.entrypoint import run_spec
     from eft.service.settings import Settings
     from eft.training.trackers import trackers_for
 

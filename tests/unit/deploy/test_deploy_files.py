@@ -205,7 +205,7 @@ def test_deployed_nodes_run_serve_with_the_local_clusters_throughput_settings():
 
 
 def test_deployed_uploads_live_on_a_filesystem_the_service_accepts():
-    from eft.service.files import files_root
+    from eft.service.files.store import files_root
     from eft.service.settings import Settings
 
     for env in _deploy_settings():

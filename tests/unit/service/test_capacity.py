@@ -3,7 +3,7 @@
 Run: .venv/bin/python -m pytest tests/unit/service/test_capacity.py -q
 """
 
-from eft.service.capacity import Node, Shape, place_held, pools, shape_of
+from eft.service.scheduling.capacity import Node, Shape, place_held, pools, shape_of
 from eft.service.settings import NodeGroup, Settings
 
 SETTINGS = Settings(allowed_worker_resources=["spot", "ondemand"], spot_resources=["spot"])
@@ -61,7 +61,7 @@ def test_running_workers_are_placed_on_demand_first_and_shapes_come_from_the_con
 
 
 def test_the_speedup_curve_is_fitted_to_the_throughput_measured_at_two_sizes():
-    from eft.service.policy import speedup_curve
+    from eft.service.scheduling.policy import speedup_curve
 
     assert speedup_curve({2: 100.0}, 4) is None  # one size: nothing to fit
     linear = speedup_curve({1: 100.0, 2: 200.0}, 4)

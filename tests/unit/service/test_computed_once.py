@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from eft.service.model_support import ComputedOnce
+from eft.service.requests.model_support import ComputedOnce
 
 
 def test_concurrent_first_calls_compute_once_and_share_the_value() -> None:

@@ -5,10 +5,10 @@ import pytest
 from starlette.datastructures import Headers
 
 from eft.api.middleware import declared_body_too_large
-from eft.service.logs import parse_event_id
-from eft.service.model_ids import parse_model_id
-from eft.service.openai_compat import event_number
-from eft.service.queueing import _priority
+from eft.service.runs.logs import parse_event_id
+from eft.service.serving.model_ids import parse_model_id
+from eft.service.jobs.openai import event_number
+from eft.service.scheduling.queueing import _priority
 from eft.service.settings import Settings
 from eft.types.text import decimal_int
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from eft.service import store
-
-
+from eft.service.store import store
 def test_ids_made_in_one_millisecond_sort_in_the_order_made(monkeypatch):
     monkeypatch.setattr(store.time, "time", lambda: 1_800_000_000.0)
     monkeypatch.setattr(store, "_last_id", [0, 0])

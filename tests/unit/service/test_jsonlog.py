@@ -7,8 +7,6 @@ import logging
 import pytest
 
 from eft.service import jsonlog
-
-
 @pytest.fixture(autouse=True)
 def _restore_eft_logger():
     logger = logging.getLogger("eft")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from eft.service import launcher as launcher_module
-from eft.service.launcher import NO_AGENT, RayJobsLauncher
+from eft.service.runs import launcher as launcher_module
+from eft.service.runs.launcher import NO_AGENT, RayJobsLauncher
 from eft.service.settings import Settings
 
 

@@ -5,8 +5,8 @@ import itertools
 import pytest
 
 from eft.types.jobs import JobStatus
-from eft.service import lifecycle
-from eft.service.lifecycle import IllegalTransition, plan_transition
+from eft.service.jobs import lifecycle
+from eft.service.jobs.lifecycle import IllegalTransition, plan_transition
 
 S = JobStatus
 EXPECTED_EDGES = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eft.service.model_ids import ModelRef, checkpoint_model_id, fine_tuned_model_id, parse_model_id
+from eft.service.serving.model_ids import ModelRef, checkpoint_model_id, fine_tuned_model_id, parse_model_id
 
 
 def test_an_id_names_base_suffix_and_job_and_parses_back():

@@ -1,11 +1,11 @@
-"""The cluster scheduling policy (`eft.service.policy.plan`): fair shares, priorities, elastic
+"""The cluster scheduling policy (`eft.service.scheduling.policy.plan`): fair shares, priorities, elastic
 sizes, placement and the reasons it gives."""
 
 from __future__ import annotations
 
 import pytest
 
-from eft.service.policy import PRIORITIES, Demand, Pool, Tenant, fair_shares, plan
+from eft.service.scheduling.policy import PRIORITIES, Demand, Pool, Tenant, fair_shares, plan
 
 
 def job(id: str, tenant: str = "a", lo: int = 1, hi: int = 4, at: float = 0.0, **kw) -> Demand:
@@ -131,7 +131,7 @@ def test_bad_inputs_are_refused() -> None:
 
 
 def test_fair_order_takes_tenants_by_weighted_running_jobs_then_priority_then_age() -> None:
-    from eft.service.policy import fair_order
+    from eft.service.scheduling.policy import fair_order
 
     queued = [job(f"a{i}", "a", 1, 1, i) for i in range(4)] + [job(f"b{i}", "b", 1, 1, 10 + i) for i in range(4)]
     # Equal weights: turns, the longest-waiting tenant first.

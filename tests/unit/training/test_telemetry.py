@@ -8,7 +8,7 @@ import yaml
 
 from eft.service import metrics as service_metrics
 from eft.planner.architectures import architecture_from_config
-from eft.service.entrypoint import model_flops_per_token
+from eft.service.runs.entrypoint import model_flops_per_token
 from eft.training import telemetry
 from tests.helpers.paths import REPO
 
