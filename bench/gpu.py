@@ -240,7 +240,7 @@ def planned_gb(model_dir: Path, cfg: Any) -> float:
                     micro_batch=cfg.micro_batch_size, gpus=1, precision=cfg.precision,
                     device="cuda" if cfg.use_gpu else "cpu", lora_r=cfg.lora.r, lora_dropout=cfg.lora.dropout,
                     gradient_accumulation=False)
-    return estimate_memory(spec, Configuration(cfg.strategy, attention=cfg.attention)).total
+    return estimate_memory(spec, Configuration(cfg.strategy, attention=cfg.attention)).allocated  # against the allocated peak
 
 
 def run_row(model_dir: Path, data: Path, strategy: str, method: str, args: argparse.Namespace) -> dict[str, Any]:

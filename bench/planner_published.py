@@ -50,6 +50,11 @@ class Run:
     measured_gb: float
     what: str
     source: str
+    measure: str = "device"
+    """What the figure is compared with: the planner's `allocated` peak (torch's
+    `max_memory_allocated`; the planner adds the CUDA context), its `reserved` one (the
+    allocator's reserve added, no context) or what the `device` holds (nvidia-smi; rounded and
+    approximate figures too)."""
     offload: str = "none"
     checkpointing: bool = False
     attention: str = "sdpa"
@@ -58,14 +63,14 @@ class Run:
 
 QV = ("q_proj", "v_proj")
 RUNS = (
-    Run("litgpt LoRA", "llama-2-7b", "lora", 32, QV, 2, 512, 1, "ddp", 19.77, "allocated", LITGPT),
-    Run("litgpt QLoRA", "llama-2-7b", "qlora", 32, QV, 2, 512, 1, "ddp", 13.68, "allocated", LITGPT),
-    Run("litgpt LoRA", "llama-3-8b", "lora", 32, QV, 1, 512, 1, "ddp", 19.73, "allocated", LITGPT),
-    Run("litgpt QLoRA", "llama-3-8b", "qlora", 32, QV, 2, 512, 1, "ddp", 17.41, "allocated", LITGPT),
-    Run("litgpt LoRA", "mistral-7b", "lora", 32, QV, 2, 512, 1, "ddp", 20.66, "allocated", LITGPT),
-    Run("litgpt QLoRA", "mistral-7b", "qlora", 32, QV, 2, 512, 1, "ddp", 14.29, "allocated", LITGPT),
+    Run("litgpt LoRA", "llama-2-7b", "lora", 32, QV, 2, 512, 1, "ddp", 19.77, "allocated", LITGPT, "allocated"),
+    Run("litgpt QLoRA", "llama-2-7b", "qlora", 32, QV, 2, 512, 1, "ddp", 13.68, "allocated", LITGPT, "allocated"),
+    Run("litgpt LoRA", "llama-3-8b", "lora", 32, QV, 1, 512, 1, "ddp", 19.73, "allocated", LITGPT, "allocated"),
+    Run("litgpt QLoRA", "llama-3-8b", "qlora", 32, QV, 2, 512, 1, "ddp", 17.41, "allocated", LITGPT, "allocated"),
+    Run("litgpt LoRA", "mistral-7b", "lora", 32, QV, 2, 512, 1, "ddp", 20.66, "allocated", LITGPT, "allocated"),
+    Run("litgpt QLoRA", "mistral-7b", "qlora", 32, QV, 2, 512, 1, "ddp", 14.29, "allocated", LITGPT, "allocated"),
     Run("PEFT MetaMathQA LoRA", "llama-3.2-3b", "lora", 32, QV, 4, 768, 1, "ddp", 20.12,
-        "reserved (99th percentile of steps)", METAMATH, accumulation=False),
+        "reserved (99th percentile of steps)", METAMATH, "reserved", accumulation=False),
     Run("Axolotl QLoRA", "llama-2-7b", "qlora", 32, "all-linear", 2, 4096, 1, "ddp", 17.0,
         "\"about 17 GB\"", AXOLOTL, checkpointing=True),
     Run("LLaMA-Factory QLoRA 8k", "llama-2-7b", "qlora", 8, "all-linear", 1, 8192, 1, "ddp", 12.0,
@@ -79,7 +84,7 @@ RUNS = (
         attention="flash_attention_2"),
     # this product's own rows: packed 4 x 4096, LoRA r 16 all-linear, one GPU
     *(Run(f"eft {strategy} {method}", "bench-0.5b", method, 16, "all-linear", 4, 4096, 1, strategy, peak,
-          "allocated", OURS, accumulation=False)
+          "allocated", OURS, "allocated", accumulation=False)
       for strategy, method, peak in (("ddp", "lora", 21.09), ("fsdp", "lora", 22.30), ("zero3", "lora", 22.13),
                                      ("ddp", "qlora", 29.65))),
 )
@@ -107,7 +112,12 @@ def predict(run: Run) -> float:
                     gradient_accumulation=run.accumulation)
     config = Configuration(run.strategy, offload=run.offload, gradient_checkpointing=run.checkpointing,
                            attention=run.attention)
-    return estimate_memory(spec, config).total
+    memory = estimate_memory(spec, config)
+    if run.measure == "allocated":
+        return memory.allocated
+    if run.measure == "reserved":
+        return memory.allocated - memory.context + memory.reserve
+    return memory.total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,27 +129,33 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [planned / run.measured_gb for run, planned in rows]
     within = sum(0.85 <= r <= 1.15 for r in ratios)
     under = [r for r in ratios if r < 0.9]
+    several = " and ".join(f"{r:.2f}" for (run, _), r in zip(rows, ratios) if run.gpus > 1 and run.strategy == "zero3")
     lines = [
         SECTION, "",
         f"Written by `bench/planner_published.py` on {time.strftime('%Y-%m-%d %H:%M %Z')} in "
         f"{time.perf_counter() - started:.1f} s; its docstring says which runs and why. Planned = the planner's "
-        "peak per GPU for the run's configuration (bf16; LoRA dropout 0.05 where the source does not say).", "",
+        "peak per GPU for the run's configuration (bf16; LoRA dropout 0.05 where the source does not say), "
+        "the same kind of figure as the measured one: the allocated peak (torch's `max_memory_allocated`, plus the "
+        "CUDA context), the allocator's reserved peak (its reserve added) or what the device holds (nvidia-smi: "
+        "the reserve, the context and NCCL's buffers; the planner fits jobs on this one).", "",
         "| run | model | method | micro-batch x length | GPUs, strategy | checkpointing | measured GB | what | "
-        "planned GB | planned / measured |",
-        "|---|---|---|---|---|---|---:|---|---:|---:|",
+        "compared with | planned GB | planned / measured |",
+        "|---|---|---|---|---|---|---:|---|---|---:|---:|",
     ]
     for (run, planned), ratio in zip(rows, ratios):
         strategy = run.strategy + (f" + offload {run.offload}" if run.offload != "none" else "")
         lines.append(f"| {run.name} | {run.model} | {run.method} r{run.r} | {run.micro_batch} x {run.seq_len} | "
                      f"{run.gpus}, {strategy} | {'yes' if run.checkpointing else 'no'} | {run.measured_gb:.2f} | "
-                     f"{run.what} | {planned:.2f} | {ratio:.2f} |")
+                     f"{run.what} | {run.measure} | {planned:.2f} | {ratio:.2f} |")
     lines += ["", f"Within 15%: {within} of {len(rows)}; more than 10% below: {len(under)} "
-              f"({', '.join(f'{r:.2f}' for r in sorted(under))}). Read: the peaks the allocator reports "
-              "(allocated, and one single-GPU reserved figure) are what the planner models term by term; what "
-              "nvidia-smi shows on several GPUs with checkpointing, and rounded or approximate figures, also hold "
-              "the caching allocator's reserve and fragmentation and communication buffers, which the planner "
-              "counts only as its 0.5 GB CUDA context and the strategies' buckets: that is where it "
-              "under-plans.", "",
+              f"({', '.join(f'{r:.2f}' for r in sorted(under))}). Read: each row is compared with the planner's figure "
+              "of the same kind. The allocated peaks are what the planner models term by term. The reserved and "
+              "nvidia-smi figures add the caching allocator's reserve (a fifth of what comes and goes every step) "
+              f"and, on several GPUs, NCCL's buffers (1 GB): the multi-GPU ZeRO-3 rows are planned at {several}. "
+              "Below: Axolotl's approximate figure, whose run computes transformers' loss over the whole "
+              "micro-batch's fp32 logits (the product's loss works on chunks of them), and FSDP with its parameters "
+              "offloaded, whose GPU side (FSDP1's unsharded root unit with the embeddings and the head, its copies "
+              "in flight) the planner does not model yet.", "",
               "Sources: " + "; ".join(dict.fromkeys(run.source for run in RUNS)) + ".", ""]
     section = "\n".join(lines)
     print(section)

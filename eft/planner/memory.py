@@ -52,6 +52,12 @@ C. Overhead (`Overheads`): the CUDA context and workspaces (none on CPU); commun
    2·2·min(5e8, φ); ZeRO-3 gathers the largest module plus a 5e7-element prefetch; FSDP unshards a
    whole layer and prefetches the next); autocast's 16-bit copies of fp32 weights under DDP; QLoRA
    dequantizes the largest module to 16 bits.
+D. What a GPU adds beyond what the training code allocates (`MemoryEstimate.total` over
+   `MemoryEstimate.allocated`): the caching allocator's reserve (its reserved peak over its
+   allocated one: blocks rounded up and fragments between them, `Overheads.allocator_reserve` of
+   the allocated peak) and, on several GPUs, NCCL's buffers (`Overheads.nccl_gb`), which NCCL
+   allocates outside torch's allocator. A job is planned to fit with both, so the planner counts
+   what nvidia-smi shows rather than what `max_memory_allocated` reports.
 
 The peak: without gradient accumulation the gradients are created during backward while the
 activations are freed (`zero_grad(set_to_none=True)` drops them after each step), so the peak holds
@@ -60,7 +66,7 @@ the activations or the gradients, whichever is larger; with accumulation both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eft.planner.spec import Configuration, PlanSpec
 
@@ -107,12 +113,27 @@ class MemoryEstimate:
         """Model states + activations: what the study's Table 1 calls theoretical GPU memory."""
         return self.model_states + self.activations
 
+    context: float = 0.0
+    """The CUDA context and workspaces, part of `overhead` (none on the CPU)."""
+    reserve: float = 0.0
+    """What the caching allocator holds beyond the allocated peak: block rounding and
+    fragmentation (none on the CPU, where the process's resident set is the measure)."""
+    communicator: float = 0.0
+    """NCCL's own buffers on a GPU of several (allocated by NCCL, outside torch's allocator)."""
+
     @property
-    def total(self) -> float:
-        """The peak: states, overhead, and the larger of the backward's two high points."""
+    def allocated(self) -> float:
+        """The allocator's peak (torch's `max_memory_allocated`) plus the CUDA context: states,
+        overhead, and the larger of the backward's two high points."""
         forward = self.activations + (self.gradients if self.gradients_with_activations else 0.0)
         update = self.gradients + self.update_temporaries
         return self.parameters + self.optimizer + self.overhead + max(forward, update)
+
+    @property
+    def total(self) -> float:
+        """What the device must hold (what nvidia-smi shows at the peak): the allocated peak, the
+        allocator's reserve beyond it and NCCL's buffers. The planner fits on this."""
+        return self.allocated + self.reserve + self.communicator
 
     def largest_term(self) -> tuple[str, float]:
         terms = {"parameters": self.parameters, "gradients": self.gradients,
@@ -122,7 +143,7 @@ class MemoryEstimate:
         return name, terms[name]
 
     def as_dict(self, digits: int = 3) -> dict[str, float]:
-        terms = ("parameters", "gradients", "optimizer", "activations", "overhead", "total")
+        terms = ("parameters", "gradients", "optimizer", "activations", "overhead", "reserve", "communicator", "total")
         return {term: round(getattr(self, term), digits) for term in terms}
 
 
@@ -336,9 +357,19 @@ def update_temporary_bytes(spec: PlanSpec, config: Configuration) -> float:
 def estimate_memory(spec: PlanSpec, config: Configuration) -> MemoryEstimate:
     """Predicted peak memory per device of `config` for `spec`, in GB, with every term separate."""
     parameters, gradients, optimizer = model_state_bytes(spec, config)
-    return MemoryEstimate(
+    estimate = MemoryEstimate(
         parameters=parameters / GB, gradients=gradients / GB, optimizer=optimizer / GB,
         activations=activation_bytes(spec, config) / GB, overhead=overhead_bytes(spec, config) / GB,
         gradients_with_activations=spec.gradient_accumulation,
         update_temporaries=update_temporary_bytes(spec, config) / GB,
+        context=context_bytes(spec) / GB,
     )
+    if spec.device != "cuda":
+        return estimate
+    costs = spec.overheads
+    # Parameters and optimizer states are allocated once, in blocks the allocator fills; what
+    # comes and goes every step (activations, gradients, buffers, temporaries) is what it rounds
+    # up and fragments.
+    churn = estimate.allocated - estimate.context - estimate.parameters - estimate.optimizer
+    return replace(estimate, reserve=churn * costs.allocator_reserve,
+                   communicator=costs.nccl_gb if spec.gpus > 1 else 0.0)

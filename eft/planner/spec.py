@@ -82,6 +82,16 @@ class Overheads:
     """DeepSpeed ZeRO-1/2 reduce and all-gather bucket size (its default), 16-bit elements."""
     zero3_prefetch_elements: float = 5e7
     """DeepSpeed ZeRO-3 prefetch bucket (its default), gathered on top of the module in use."""
+    allocator_reserve: float = 0.2
+    """The caching allocator's reserved peak over its allocated one, as a fraction of what comes
+    and goes every step (activations, gradients, buffers, temporaries: parameters and optimizer
+    states are allocated once, in blocks it fills): sizes rounded up and fragments between them.
+    At 0.2 PEFT's MetaMathQA reserved peak is planned at 1.07, and the study's Figure 4 runs still
+    fit their 32 GB V100s."""
+    nccl_gb: float = 1.0
+    """NCCL's buffers per GPU when a job has several, GB: about 1.06 GB per GPU measured after
+    the first collectives on 8 H100s over NVLink (NVIDIA/nccl#1685); it grows with channels, not
+    with the model."""
 
 
 @dataclass(frozen=True)

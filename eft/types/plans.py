@@ -43,7 +43,9 @@ class PlanMemory(_Response):
     optimizer: float
     activations: float
     overhead: float
-    total: float
+    reserve: float = Field(0.0, description="The GPU caching allocator's reserve beyond the allocated peak.")
+    communicator: float = Field(0.0, description="NCCL's buffers on a GPU of several.")
+    total: float = Field(description="What the GPU must hold at the peak: every term above.")
 
 
 class PlanCandidate(_Response):
