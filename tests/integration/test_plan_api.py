@@ -34,7 +34,9 @@ def test_plan_returns_the_study_choice_and_the_same_object_as_the_cli(client):
     chosen = body["chosen"]
     assert (chosen["strategy"], chosen["gradient_checkpointing"]) == ("zero3", True)
     assert set(chosen["memory_gb"]) == {"parameters", "gradients", "optimizer", "activations",
-                                        "overhead", "total"}
+                                        "overhead", "reserve", "communicator", "total"}
+    memory = chosen["memory_gb"]  # 8 GPUs: the allocator's reserve and NCCL's buffers are planned for
+    assert memory["reserve"] > 0 and memory["communicator"] > 0 and memory["total"] <= 32
     assert len(body["candidates"]) == 20 and body["suggestions"] == []
     assert body == plan_locally(PlanRequest.model_validate(STUDY_EXAMPLE)).model_dump(mode="json")
 
