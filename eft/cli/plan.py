@@ -70,15 +70,16 @@ def _short_reason(c: PlanCandidate, chosen: PlanCandidate | None, capacity: floa
 def _plan_table(result: Plan, capacity: float) -> Table:
     table = Table(box=None, header_style="bold")
     table.add_column("configuration", no_wrap=True)
-    for name in ("params", "grads", "optim", "activ", "overhead", "total", "fits", "time"):
+    for name in ("params", "grads", "optim", "activ", "overhead", "gpu", "total", "fits", "time"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("reason")
     for c in result.candidates:
         chosen = c == result.chosen
         m = c.memory_gb
         cells = [("▶ " if chosen else "  ") + _config_label(c),
+                 # gpu: the caching allocator's reserve and NCCL's buffers (none on the CPU)
                  *(f"{v:.2f}" for v in (m.parameters, m.gradients, m.optimizer, m.activations,
-                                        m.overhead, m.total)),
+                                        m.overhead, m.reserve + m.communicator, m.total)),
                  "yes" if c.fits else "no", f"{c.relative_time:.2f}",
                  _short_reason(c, result.chosen, capacity)]
         style = "bold green" if chosen else ("" if c.fits else "dim")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import pytest
@@ -78,8 +79,11 @@ def test_study_example_table_highlights_the_choice_with_its_reasons():
     assert "without it, zero3 + sdpa needs" in out  # why checkpointing
     assert "without it, zero2 + gradient checkpointing + sdpa needs" in out  # why ZeRO-3
     assert "flash_attention_2 not considered" in out
-    for header in ("params", "grads", "optim", "activ", "overhead", "total", "fits", "time", "reason"):
+    for header in ("params", "grads", "optim", "activ", "overhead", "gpu", "total", "fits", "time", "reason"):
         assert header in out
+    chosen = plan_json(*STUDY_EXAMPLE)["chosen"]["memory_gb"]  # the table's gpu column, on its row
+    extra = re.compile(rf"\s{chosen['reserve'] + chosen['communicator']:.2f}\s+{chosen['total']:.2f}\s")
+    assert any(line.lstrip().startswith("▶") and extra.search(line) for line in out.splitlines()), extra
 
 
 def test_gpu_type_brings_flash_attention_in():
