@@ -11,7 +11,7 @@ import threading
 from eft.service import isolation
 from eft.service.jobs.manager import JobService
 from eft.service.requests.prepare import helper_imports, validate_job_isolated
-from eft.service.runs.launcher import RayJobsLauncher
+from eft.service.runs.launcher import Launcher, RayJobsLauncher
 from eft.service.scheduling.scheduler import Scheduler
 from eft.service.settings import Settings
 from eft.service.store.store import Store
@@ -23,26 +23,27 @@ log = logging.getLogger("eft.replica")
 class Replica:
     """One replica's service, scheduler and webhook sender, on one store."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, launcher: Launcher | None = None):
         store = Store(settings.resolved_database_url)
-        launcher = RayJobsLauncher(settings)
+        launcher = launcher or RayJobsLauncher(settings)
         self.scheduler = Scheduler(store, launcher, settings, validate_job_isolated)
         self.job_service = JobService(store, launcher, settings, on_created=self.scheduler.wake)
         self.webhooks = WebhookSender(store.engine, settings)
-        self._threads = [threading.Thread(target=self.scheduler.run_forever, name="eft-scheduler", daemon=True),
-                         threading.Thread(target=self.webhooks.run_forever, name="eft-webhooks", daemon=True)]
+        self.threads = (threading.Thread(target=self.scheduler.run_forever, name="eft-scheduler", daemon=True),
+                        threading.Thread(target=self.webhooks.run_forever, name="eft-webhooks", daemon=True))
 
-    def start(self) -> None:
-        """Start the helper processes that check tenants' inputs, then the scheduler's and the
-        sender's threads."""
-        isolation.warm(helper_imports)
-        for thread in self._threads:
+    def start(self, warm_helpers: bool = True) -> None:
+        """Start the scheduler's and the sender's threads, after (unless told not to) the helper
+        processes that check tenants' inputs, so that the first job validated waits for none."""
+        if warm_helpers:
+            isolation.warm(helper_imports)
+        for thread in self.threads:
             thread.start()
 
     def problem(self) -> str | None:
         """Why this replica is unhealthy (a stopped thread, a sender that made no pass in a
         while), or None."""
-        for thread in self._threads:
+        for thread in self.threads:
             if not thread.is_alive():
                 return f"the {thread.name} thread stopped"
         if not self.webhooks.healthy():
