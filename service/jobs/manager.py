@@ -165,18 +165,8 @@ class JobService:
     def check_webhook(self, req: JobCreate, tenant: str) -> None:
         """A job's `webhook_url` must be one this server sends to, and the tenant must have a
         signing secret (made by POST /webhooks/secret or its first endpoint). Raises RequestInvalid."""
-        if not req.webhook_url:
-            return
-        from eft.service.webhooks import rules as webhooks
-        settings = self.settings
-        problem = webhooks.url_problem(req.webhook_url, settings.webhook_allow_loopback, settings.webhook_allow_private,
-                                      settings.webhook_dns_timeout_s)
-        if problem:
-            raise RequestInvalid(problems=[Problem("webhook_url", "webhook_url_refused", f"the webhook URL {problem}")])
-        if not webhooks.has_secret(self.store.engine, tenant):
-            raise RequestInvalid(problems=[Problem(
-                "webhook_url", "webhook_secret_missing", "webhooks are signed with your tenant's secret, which it "
-                "has not made yet: POST /webhooks/secret (shown once), then create the job again")])
+        if req.webhook_url:
+            self.webhooks.check_job_url(req.webhook_url, tenant)
 
     def get(self, job_id: str, tenant: str) -> Job:
         job = self.store.get_job(job_id, tenant)

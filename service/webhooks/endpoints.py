@@ -31,10 +31,7 @@ class WebhookEndpoints:
         signing secret, shown in the answer once. Raises RequestInvalid for a URL this server
         does not send to, TooManyEndpoints over the tenant's limit."""
         settings = self.settings
-        problem = rules.url_problem(url, settings.webhook_allow_loopback, settings.webhook_allow_private,
-                                    settings.webhook_dns_timeout_s)
-        if problem:
-            raise RequestInvalid(problems=[Problem("url", "webhook_url_refused", f"the webhook URL {problem}")])
+        self._refuse_unsendable(url, "url")
         try:
             row = rules.create_endpoint(self.store.engine, tenant, url, events, settings.webhook_endpoints_per_tenant)
         except rules.TooManyEndpoints:
@@ -63,3 +60,19 @@ class WebhookEndpoints:
         """The job's deliveries, oldest first, each with every attempt. Raises JobNotFound."""
         self.store.get_job(job_id, tenant)
         return WebhookDeliveryList(data=[WebhookDelivery(**d) for d in rules.deliveries_of(self.store.engine, job_id)])
+
+    def check_job_url(self, url: str, tenant: str) -> None:
+        """A job's `webhook_url`: one this server sends to, for a tenant with a signing secret
+        (made by POST /webhooks/secret or its first endpoint). Raises RequestInvalid."""
+        self._refuse_unsendable(url, "webhook_url")
+        if not rules.has_secret(self.store.engine, tenant):
+            raise RequestInvalid(problems=[Problem(
+                "webhook_url", "webhook_secret_missing", "webhooks are signed with your tenant's secret, which it "
+                "has not made yet: POST /webhooks/secret (shown once), then create the job again")])
+
+    def _refuse_unsendable(self, url: str, param: str) -> None:
+        settings = self.settings
+        problem = rules.url_problem(url, settings.webhook_allow_loopback, settings.webhook_allow_private,
+                                    settings.webhook_dns_timeout_s)
+        if problem:
+            raise RequestInvalid(problems=[Problem(param, "webhook_url_refused", f"the webhook URL {problem}")])
