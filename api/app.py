@@ -124,7 +124,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def create_app(job_service: JobService, models: Any = None) -> FastAPI:
     """The service's FastAPI application, serving `job_service`; completions go to `models`
-    (api/inference.py:ServeModels, or service/serving/engine.py:LocalModels in one process; None:
+    (api/inference.py:ServeModels, or service/serving/engines.py:LocalModels in one process; None:
     they answer 503)."""
     settings = job_service.settings
     app = FastAPI(

@@ -43,27 +43,26 @@ class ModelsUnavailable(ServiceError):
 class ModelServer:
     def __init__(self) -> None:
         from eft.service import credentials, jsonlog
+        from eft.service.serving.engine import EngineOptions
         from eft.service.settings import get_settings
 
         jsonlog.configure()
         credentials.load()
         self.settings = get_settings()
+        self.options = EngineOptions.from_settings(self.settings)
         self.sources: dict[str, BaseSource] = {}
-        cache = self.settings.home / "cache" / "models"
 
         async def load(key: str) -> Any:
-            from eft.service.serving.engine import Engine
+            from eft.service.serving.engines import start_engine
 
-            return await asyncio.to_thread(Engine, self.sources[key], cache, self.settings.inference_max_adapters)
+            return await start_engine(self.sources[key], self.options)
 
         self.engine = serve.multiplexed(max_num_models_per_replica=BASE_MODELS_PER_REPLICA)(load)
 
     async def generate(self, base: dict[str, Any], adapter: dict[str, Any] | None,
                        request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """{"accepted"} at once (the caller's sign that a replica has the request), then what
-        the engine streams (service/serving/engine.py:astream)."""
-        from eft.service.serving.engine import astream
-
+        the engine streams (service/serving/engine.py)."""
         yield {"accepted": True}
         source = BaseSource(**base)
         self.sources[source.key] = source
@@ -73,8 +72,8 @@ class ModelServer:
             yield {"error": {"status": 500, "code": "model_load_failed", "param": "model",
                              "message": f"the model server could not load {source.key}: {type(exc).__name__}: {exc}"}}
             return
-        async for item in astream(engine, AdapterSource(**adapter) if adapter else None, Request(**request),
-                                  self.settings.inference_default_max_tokens):
+        async for item in engine.generate(AdapterSource(**adapter) if adapter else None, Request(**request),
+                                          self.settings.inference_default_max_tokens):
             yield item
 
 

@@ -283,7 +283,7 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
 
     from eft.api.deployment import EftService
     from eft.api.inference import ModelServer
-    from eft.api.serve_config import application
+    from eft.api.serve_config import application, model_server, serving_python
 
     from eft.service import credentials
     # Credentials go to a 0600 file under EFT_HOME; the Serve app's runtime environment, which
@@ -298,10 +298,11 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
         max_ongoing_requests=options["max_ongoing_requests"],
         ray_actor_options={**options["ray_actor_options"], "runtime_env": app["runtime_env"]},
     )
+    servers = model_server(app["runtime_env"]["env_vars"], serving_python(env))
     models = ModelServer.options(
         max_ongoing_requests=servers["max_ongoing_requests"],
         autoscaling_config=servers["autoscaling_config"],
-        ray_actor_options={**servers["ray_actor_options"], "runtime_env": app["runtime_env"]},
+        ray_actor_options=servers["ray_actor_options"],
     )
     serve.run(deployment.bind(models.bind()), name=app["name"], route_prefix=app["route_prefix"], blocking=False)
 

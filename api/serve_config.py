@@ -19,7 +19,8 @@ DEPLOYMENT = "EftService"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Settings a cluster deployment passes to the replicas through the Serve config; secrets (the
 # database URL, object-store credentials) come from the pods' environment instead.
-CLUSTER_ENV = {"EFT_HOME": "/var/lib/eft"}
+# The images (Dockerfile) hold the model servers' vLLM environment at /opt/eft/.venv-serve.
+CLUSTER_ENV = {"EFT_HOME": "/var/lib/eft", "EFT_SERVING_PYTHON": "/opt/eft/.venv-serve/bin/python"}
 
 
 def application(env: dict[str, str], num_replicas: int = 1) -> dict[str, Any]:
@@ -39,31 +40,50 @@ def application(env: dict[str, str], num_replicas: int = 1) -> dict[str, Any]:
             # It runs on the head, beside the dashboard it submits jobs to (which need listen
             # on nothing but the head's loopback on a cluster-launcher cluster).
             "ray_actor_options": {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}},
-        }, model_server(env)],
+        }, model_server(env, env.get("EFT_SERVING_PYTHON") or None)],
     }
 
 
 MODEL_SERVER = "ModelServer"
 
 
-def model_server(env: dict[str, str]) -> dict[str, Any]:
+#: The model servers' environment `make setup` builds (deploy/install-serving.sh).
+LOCAL_SERVING_VENV = REPO_ROOT / ".venv-serve"
+
+
+def serving_python(env: dict[str, str]) -> str | None:
+    """The Python the model servers run: `EFT_SERVING_PYTHON` (an image's vLLM environment; empty:
+    the service's own, with transformers' engine only), else the checkout's `.venv-serve` when
+    setup built it."""
+    if "EFT_SERVING_PYTHON" in env:
+        return env["EFT_SERVING_PYTHON"] or None
+    local = LOCAL_SERVING_VENV / "bin" / "python"
+    return str(local) if local.exists() else None
+
+
+def model_server(env: dict[str, str], python: str | None = None) -> dict[str, Any]:
     """The model servers (api/inference.py): they scale with ongoing completions, down to zero
     replicas after `EFT_INFERENCE_IDLE_S` idle seconds. Each takes `EFT_INFERENCE_CPUS` CPUs
-    and `EFT_INFERENCE_GPUS` GPUs (a GPU replica computes in bf16)."""
+    and `EFT_INFERENCE_GPUS` GPUs, and runs `python` (serving_python: vLLM's environment) with
+    the service's variables; the engine (vLLM, or transformers' as the fallback) batches up to
+    `max_ongoing_requests` requests at once."""
     resources: dict[str, Any] = {"num_cpus": float(env.get("EFT_INFERENCE_CPUS", 1))}
     if float(env.get("EFT_INFERENCE_GPUS", 0)):
         resources["num_gpus"] = float(env["EFT_INFERENCE_GPUS"])
+    runtime_env: dict[str, Any] = {"env_vars": dict(env)}
+    if python:
+        runtime_env["py_executable"] = python
     return {
         "name": MODEL_SERVER,
-        "max_ongoing_requests": 32,
+        "max_ongoing_requests": int(env.get("EFT_INFERENCE_MAX_ONGOING", 64)),
         "autoscaling_config": {
             "min_replicas": int(env.get("EFT_INFERENCE_MIN_REPLICAS", 0)),
             "initial_replicas": int(env.get("EFT_INFERENCE_MIN_REPLICAS", 0)),
             "max_replicas": int(env.get("EFT_INFERENCE_MAX_REPLICAS", 1)),
-            "target_ongoing_requests": 4,
+            "target_ongoing_requests": int(env.get("EFT_INFERENCE_TARGET_ONGOING", 32)),
             "downscale_delay_s": float(env.get("EFT_INFERENCE_IDLE_S", 300)),
         },
-        "ray_actor_options": resources,
+        "ray_actor_options": {**resources, "runtime_env": runtime_env},
     }
 
 

@@ -106,7 +106,8 @@ def _adapters(base: Path, root: Path, count: int) -> list[Path]:
 
 def engine_throughput(family: str, tokens: int, rounds: int) -> dict[str, float]:
     """Generated tokens/s: base model alone, 1 adapter, 4 adapters in turn (interleaved rounds)."""
-    from eft.service.serving.engine import AdapterSource, BaseSource, Engine, Request
+    from eft.service.serving.engine import AdapterSource, BaseSource, Request
+    from eft.service.serving.hf_engine import Engine
 
     root = Path(tempfile.mkdtemp(prefix="eft-bench-adapters-"))
     paths = _adapters(MODELS / family, root, 4)

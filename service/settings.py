@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -70,28 +71,22 @@ class StorageSettings(BaseModel):
     secrets_file: Path | None = Field(
         None, description="A dotenv file of credentials (EFT_DATABASE_URL, object-store keys, "
         "EFT_ADMIN_API_KEY) that every process of the service reads on its own node; only its "
-        "path travels through Ray (service/credentials.py)."
-    )
+        "path travels through Ray (service/credentials.py).")
     database_url: str | None = Field(
-        None, description="SQLAlchemy URL; defaults to a SQLite file under home."
-    )
+        None, description="SQLAlchemy URL; defaults to a SQLite file under home.")
     db_pool_size: int = Field(5, ge=1, description="Pooled connections per process (PostgreSQL).")
     db_max_overflow: int = Field(10, ge=0, description="Extra connections beyond the pool at peaks.")
     db_pool_recycle_s: int = Field(
         1800, ge=-1, description="Replace pooled connections older than this (-1: never); keep "
-        "it below any idle timeout of a proxy or load balancer in front of the database."
-    )
+        "it below any idle timeout of a proxy or load balancer in front of the database.")
     checkpoint_root: str | None = Field(
         None, description="Ray Train storage_path: a directory or an s3://, gs://, abfs:// URI "
-        "(credentials from the environment); <home>/checkpoints."
-    )
+        "(credentials from the environment); <home>/checkpoints.")
     artifact_root: str | None = Field(
-        None, description="Where adapters land: a directory or object-store URI; <home>/artifacts."
-    )
+        None, description="Where adapters land: a directory or object-store URI; <home>/artifacts.")
     files_root: str | None = Field(
         None, description="Where uploaded files are kept: a local or shared-filesystem directory "
-        "that every node mounts at the same path (not an object store); <home>/files."
-    )
+        "that every node mounts at the same path (not an object store); <home>/files.")
 
 
 class InputSettings(BaseModel):
@@ -110,12 +105,10 @@ class InputSettings(BaseModel):
     allow_hub_models: bool = Field(
         False, description="Accept Hugging Face hub ids: resolved to a pinned revision through the "
         "Hugging Face cache on the request path (config and tokenizer), the weights downloaded "
-        "once per node by the workers."
-    )
+        "once per node by the workers.")
     hub_cache_dir: Path | None = Field(
         None, description="Hugging Face cache directory for hub models (default: huggingface_hub's, "
-        "HF_HUB_CACHE); a shared file system lets every node read one download."
-    )
+        "HF_HUB_CACHE); a shared file system lets every node read one download.")
     hub_offline: bool = Field(
         False, description="Use only hub models already in the cache (as HF_HUB_OFFLINE does)."
     )
@@ -305,6 +298,17 @@ class ServingSettings(BaseModel):
         512, ge=1, description="Tokens a completion generates when the request sets no max_tokens "
         "(fewer when the context has less room)."
     )
+    inference_engine: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="The model servers' engine: vLLM where it is installed and loads the model, else "
+        "transformers' (auto); vLLM only (vllm); transformers' generate, one request at a time (transformers).")
+    inference_max_lora_rank: int = Field(64, ge=1, le=512, description="The largest LoRA rank vLLM serves (it sizes "
+                                         "its buffers for it); a higher one is refused with 409.")
+    inference_adapters_per_batch: int = Field(4, ge=1, le=64, description="Different adapters vLLM batches at once.")
+    inference_max_model_len: int = Field(4096, ge=16, description="The longest prompt and completion a model server "
+                                         "takes (at most the model's context): a bound on one request's KV cache.")
+    inference_kv_cache_gb: float = Field(1.0, gt=0, description="A vLLM engine's KV cache on a CPU node, in GiB.")
+    inference_gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="The share of its GPU a vLLM "
+                                                    "engine takes for weights, adapters and KV cache.")
 
 
 class IsolationSettings(BaseModel):

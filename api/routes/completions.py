@@ -27,8 +27,9 @@ from eft.service.errors import ServiceError
 from eft.service.accounts.ratelimit import TenantSlots
 from eft.service.serving.engine import Request as Generation
 from eft.types.openai import (
-    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, ChunkChoice,
-    ChunkDelta, Completion, CompletionChoice, CompletionCreate, Usage,
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, ChoiceLogprobs,
+    ChunkChoice, ChunkDelta, Completion, CompletionChoice, CompletionCreate, CompletionLogprobs, TokenLogprob,
+    TopLogprob, Usage,
 )
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -122,10 +123,10 @@ async def _open(request: Request, service: Any, tenant: str | None, model: str,
 
 
 async def _collect_while_connected(request: Request, items: AsyncIterator[dict[str, Any]],
-                                   slot: _Slot) -> tuple[str, str, Usage]:
+                                   slot: _Slot, n: int) -> tuple[list[_Choice], Usage]:
     """`_collect`, cancelled (its model server request closed) as soon as the client goes: a
     request nobody waits for does not keep generating."""
-    collecting = asyncio.ensure_future(_collect(items))
+    collecting = asyncio.ensure_future(_collect(items, n))
     try:
         while not collecting.done():
             await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
@@ -138,6 +139,15 @@ async def _collect_while_connected(request: Request, items: AsyncIterator[dict[s
             collecting.cancel()
         await items.aclose()
         slot.release()
+
+
+class _Choice:
+    """One choice's text, log-probabilities and finish reason, as the engine streamed them."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.finish_reason = "stop"
 
 
 def _sse(payload: Any) -> str:
@@ -160,15 +170,44 @@ def _stream(events: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _collect(items: AsyncIterator[dict[str, Any]]) -> tuple[str, str, Usage]:
-    text, reason, usage = [], "stop", None
+async def _collect(items: AsyncIterator[dict[str, Any]], n: int) -> tuple[list[_Choice], Usage]:
+    choices, usage = [_Choice() for _ in range(n)], None
     async for item in items:
-        if "text" in item:
-            text.append(item["text"])
+        if "usage" in item:
+            usage = Usage(**item["usage"])
+        elif "finish_reason" in item:
+            choices[item["index"]].finish_reason = item["finish_reason"]
         else:
-            reason, usage = item["finish_reason"], Usage(**item["usage"])
+            choices[item["index"]].text.append(item["text"])
+            choices[item["index"]].logprobs.extend(item.get("logprobs") or [])
     assert usage is not None
-    return "".join(text), reason, usage
+    return choices, usage
+
+
+def _token(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"token": entry["token"], "logprob": entry["logprob"], "bytes": list(entry["token"].encode())}
+
+
+def chat_logprobs(entries: list[dict[str, Any]], top: int | None) -> ChoiceLogprobs | None:
+    """The engine's per-token log-probabilities as a chat choice's `logprobs` (None: not asked)."""
+    if top is None:
+        return None
+    return ChoiceLogprobs(content=[
+        TokenLogprob(**_token(e), top_logprobs=[TopLogprob(**_token(t)) for t in e["top"][:top]]) for e in entries])
+
+
+def completion_logprobs(entries: list[dict[str, Any]], top: int | None, offset: int = 0) -> CompletionLogprobs | None:
+    """The same as a text completion's `logprobs`; offsets count from `offset` characters."""
+    if top is None:
+        return None
+    result = CompletionLogprobs()
+    for e in entries:
+        result.tokens.append(e["token"])
+        result.token_logprobs.append(e["logprob"])
+        result.top_logprobs.append({t["token"]: t["logprob"] for t in e["top"][:top]})
+        result.text_offset.append(offset)
+        offset += len(e["token"])
+    return result
 
 
 async def _stream_failure(exc: Exception) -> str:
@@ -187,33 +226,39 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, service
     """A reply to `messages` from a base model or a fine-tuned model (`ft:` id, or a checkpoint's
     `...:ckpt-<step>`) of this key's tenant, in the base model's chat template."""
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    top = body.logprobs_wanted()
     generation = Generation(messages=messages, max_tokens=body.max_completion_tokens or body.max_tokens,
-                            temperature=body.temperature, top_p=body.top_p, stop=body.stops(), seed=body.seed)
+                            temperature=body.temperature, top_p=body.top_p, stop=body.stops(), seed=body.seed,
+                            n=body.n, logprobs=top)
     items, slot = await _open(request, service, tenant, body.model, generation)
     ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if not body.stream:
-        text, reason, usage = await _collect_while_connected(request, items, slot)
+        choices, usage = await _collect_while_connected(request, items, slot, body.n)
         return ChatCompletion(id=ident, created=created, model=body.model, usage=usage, choices=[
-            ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)])
+            ChatChoice(index=i, message=AssistantMessage(content="".join(c.text)), finish_reason=c.finish_reason,
+                       logprobs=chat_logprobs(c.logprobs, top)) for i, c in enumerate(choices)])
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def chunk(delta: ChunkDelta, reason: str | None = None, usage: Usage | None = None, choices: bool = True) -> str:
-        payload = ChatCompletionChunk(
-            id=ident, created=created, model=body.model, usage=usage,
-            choices=[ChunkChoice(delta=delta, finish_reason=reason)] if choices else []).model_dump(mode="json")
+    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
+        payload = ChatCompletionChunk(id=ident, created=created, model=body.model, usage=usage,
+                                      choices=choices).model_dump(mode="json")
         return _sse(_as_openai_sends(payload, include_usage))
 
     async def events() -> AsyncIterator[str]:
         try:
-            yield chunk(ChunkDelta(role="assistant", content=""))
+            for index in range(body.n):
+                yield chunk([ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))])
             async for item in items:
-                if "text" in item:
-                    yield chunk(ChunkDelta(content=item["text"]))
-                else:
-                    yield chunk(ChunkDelta(), reason=item["finish_reason"])
+                if "usage" in item:
                     if include_usage:
-                        yield chunk(ChunkDelta(), usage=Usage(**item["usage"]), choices=False)
+                        yield chunk([], usage=Usage(**item["usage"]))
+                elif "finish_reason" in item:
+                    yield chunk([ChunkChoice(index=item["index"], delta=ChunkDelta(),
+                                             finish_reason=item["finish_reason"])])
+                else:
+                    yield chunk([ChunkChoice(index=item["index"], delta=ChunkDelta(content=item["text"]),
+                                             logprobs=chat_logprobs(item.get("logprobs") or [], top))])
         except Exception as exc:  # noqa: BLE001 - a replica lost mid-stream, a refusal: an error event
             yield await _stream_failure(exc)
         finally:
@@ -230,30 +275,34 @@ async def completions(body: CompletionCreate, request: Request, service: JobServ
                       tenant: CurrentTenant) -> Any:
     """A continuation of `prompt` (no chat template) from a base or fine-tuned model."""
     generation = Generation(prompt=body.text(), max_tokens=body.max_tokens, temperature=body.temperature,
-                            top_p=body.top_p, stop=body.stops(), seed=body.seed)
+                            top_p=body.top_p, stop=body.stops(), seed=body.seed, n=body.n, logprobs=body.logprobs)
     items, slot = await _open(request, service, tenant, body.model, generation)
     ident, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     if not body.stream:
-        text, reason, usage = await _collect_while_connected(request, items, slot)
-        return Completion(id=ident, created=created, model=body.model, usage=usage,
-                          choices=[CompletionChoice(text=text, finish_reason=reason)])
+        choices, usage = await _collect_while_connected(request, items, slot, body.n)
+        return Completion(id=ident, created=created, model=body.model, usage=usage, choices=[
+            CompletionChoice(index=i, text="".join(c.text), finish_reason=c.finish_reason,
+                             logprobs=completion_logprobs(c.logprobs, body.logprobs)) for i, c in enumerate(choices)])
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def chunk(text: str, reason: str | None = None, usage: Usage | None = None, choices: bool = True) -> str:
-        return _sse(_as_openai_sends(Completion(
-            id=ident, created=created, model=body.model, usage=usage,
-            choices=[CompletionChoice(text=text, finish_reason=reason)] if choices else []).model_dump(mode="json"),
-            include_usage))
+    def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        return _sse(_as_openai_sends(Completion(id=ident, created=created, model=body.model, usage=usage,
+                                                choices=choices).model_dump(mode="json"), include_usage))
 
     async def events() -> AsyncIterator[str]:
+        sent = [0] * body.n  # characters sent per choice: the text offsets of its log-probabilities
         try:
             async for item in items:
-                if "text" in item:
-                    yield chunk(item["text"])
-                else:
-                    yield chunk("", reason=item["finish_reason"])
+                if "usage" in item:
                     if include_usage:
-                        yield chunk("", usage=Usage(**item["usage"]), choices=False)
+                        yield chunk([], usage=Usage(**item["usage"]))
+                elif "finish_reason" in item:
+                    yield chunk([CompletionChoice(index=item["index"], text="", finish_reason=item["finish_reason"])])
+                else:
+                    index = item["index"]
+                    yield chunk([CompletionChoice(index=index, text=item["text"], logprobs=completion_logprobs(
+                        item.get("logprobs") or [], body.logprobs, sent[index]))])
+                    sent[index] += len(item["text"])
         except Exception as exc:  # noqa: BLE001 - a replica lost mid-stream, a refusal: an error event
             yield await _stream_failure(exc)
         finally:

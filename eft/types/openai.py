@@ -225,7 +225,7 @@ class _Sampling(_Request):
                              "and request give the same text.")
     stream: bool = Field(False, description="Send the completion as server-sent events, piece by piece.")
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="Completions per request: 1.")
+    n: int = Field(1, ge=1, le=16, description="Choices to generate for the prompt (sampled in one batch).")
     user: str | None = Field(None, max_length=256)
     presence_penalty: float = Field(0.0, ge=0, le=0, description="Only 0 is supported.")
     frequency_penalty: float = Field(0.0, ge=0, le=0, description="Only 0 is supported.")
@@ -244,10 +244,24 @@ class _Sampling(_Request):
 class ChatCompletionCreate(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000, description="The newer name of max_tokens.")
+    logprobs: bool = Field(False, description="Return the log-probability of each generated token.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="With logprobs: also this many of the most likely "
+                                     "tokens at each position.")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionCreate:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: set logprobs to true to use top_logprobs")
+        return self
+
+    def logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionCreate(_Sampling):
     prompt: str | list[str] = Field(description="The text to continue (a list of one string is accepted).")
+    logprobs: int | None = Field(None, ge=0, le=5, description="Return the log-probabilities of the generated "
+                                 "tokens and of this many most likely ones at each position.")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionCreate:
@@ -270,11 +284,33 @@ class AssistantMessage(_Response):
     content: str
 
 
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(_Response):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class ChatChoice(_Response):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length"]
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(_Response):
@@ -295,7 +331,7 @@ class ChunkChoice(_Response):
     index: int = 0
     delta: ChunkDelta
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):
@@ -311,7 +347,7 @@ class CompletionChoice(_Response):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_Response):

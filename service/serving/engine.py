@@ -1,46 +1,34 @@
-"""Completions from a base model and the adapters trained on it: the engine each model server
-replica runs (api/inference.py serves it on Ray Serve; tests run it in-process).
+"""Completions from a base model and the adapters trained on it: what every engine of the model
+servers shares (api/inference.py serves them on Ray Serve; engines.py:LocalModels in-process).
 
-An `Engine` holds one base model's weights once and many LoRA adapters on top of them (PEFT's
-multi-adapter model). An adapter is loaded on first use, from any storage the service writes
-to (a directory or an object store), and the least recently used one is dropped when more than
-`max_adapters` are loaded: a job that just succeeded, or a checkpoint a running job just saved,
-is served without a restart. A job's published artifact is a PEFT adapter directory; a
-checkpoint holds the trainable weights by parameter name beside the adapter's config, and is
-loaded into a fresh adapter of that config.
+Two engines answer, behind one stream:
+- vllm_engine.py, vLLM's async engine: continuous batching across requests and tenants, many
+  adapters on one base in one batch. It is the engine of every model vLLM loads.
+- hf_engine.py, transformers' `generate`, one request at a time: the fallback for a base model
+  vLLM cannot load (its architecture is not one of vLLM's, or no vLLM is installed where the
+  model server runs).
+engines.py:open_engine picks one per base model (EFT_INFERENCE_ENGINE: auto, vllm or transformers).
 
-A request is rendered as training rendered its records: chat messages through the base
-model's own chat template (training/chat.py) with the job's `system_message` handling, tokens
-without added special tokens; a plain prompt with them. Generation is transformers'
-`generate` (greedy at temperature 0, else sampling with `top_p`), streamed as text deltas; it
-stops at the model's end-of-sequence or end-of-turn token, at a `stop` string (never part of
-the text, as OpenAI's), at `max_tokens`, or when the caller goes away. One generation runs at
-a time per engine, since the active adapter is the model's state.
+A request is rendered as training rendered its records: chat messages through the base model's
+own chat template (training/chat.py) with the job's `system_message` handling, tokens without
+added special tokens; a plain prompt with them. An engine's `generate(adapter, request,
+default_max_tokens)` yields, for each of the request's `n` choices, text deltas
+({"index", "text", "token_ids", "logprobs"?}) and one {"index", "finish_reason"}, then one
+{"usage"}; a request it refuses is a single {"error": {status, code, message, param}} item
+before anything else. Closing the stream (a client that went away) stops the generation.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import os
-import re
-import shutil
-import threading
-import uuid
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
-
-from eft.service.serving.fetch import fetch
+from typing import Any
 
 log = logging.getLogger("eft.inference")
 
 #: Files of a checkpoint a server needs (the optimizer state is not one of them).
 CHECKPOINT_FILES = ("trainable.safetensors", "adapter/adapter_config.json")
-_ADAPTER_SUFFIX = re.compile(r"\.default(?=\.)")
+ENGINES = ("auto", "vllm", "transformers")
 
 
 class InferenceError(Exception):
@@ -71,7 +59,8 @@ class BaseSource:
 @dataclass(frozen=True)
 class AdapterSource:
     """A fine-tuned model: its id, where its files are, and whether that is the published
-    adapter ("artifact") or a checkpoint."""
+    adapter ("artifact") or a checkpoint. An engine holding `model` from another location
+    loads it again (a sampler's adapter whose weights changed)."""
 
     model: str
     location: str
@@ -80,15 +69,20 @@ class AdapterSource:
 
 @dataclass
 class Request:
-    """One completion: chat `messages` or a text `prompt`, and OpenAI's sampling parameters."""
+    """One completion: chat `messages`, a text `prompt` or `prompt_ids` (tokens, for a trainer's
+    sampler), and OpenAI's sampling parameters."""
 
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    prompt_ids: list[int] | None = None
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    n: int = 1
+    #: Log-probabilities of the sampled tokens and this many most likely ones (None: none).
+    logprobs: int | None = None
     system_message: str = "keep"
     #: Generate exactly max_tokens, past any end of sequence (benchmarks, as vLLM's ignore_eos).
     ignore_eos: bool = False
@@ -102,6 +96,48 @@ def context_length(config: Any, tokenizer: Any) -> int:
             return value
     limit = getattr(tokenizer, "model_max_length", None)
     return limit if isinstance(limit, int) and 0 < limit < 10**7 else 2048
+
+
+def prompt_ids(tokenizer: Any, request: Request) -> list[int]:
+    """The prompt's tokens, as training tokenized records of its kind. Raises InferenceError
+    (400) for messages the template refuses or a prompt with no tokens."""
+    from eft.training.chat import TemplateError, prepare_messages, render
+
+    param = "messages" if request.messages is not None else "prompt"
+    if request.prompt_ids is not None:
+        ids = list(request.prompt_ids)
+    elif request.messages is not None:
+        try:
+            text = render(tokenizer, prepare_messages(request.messages, request.system_message),
+                          add_generation_prompt=True)
+        except TemplateError as exc:
+            raise InferenceError(400, exc.rule, str(exc), "messages") from None
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    else:
+        ids = list(tokenizer(request.prompt or "", add_special_tokens=True)["input_ids"])
+    if not ids:
+        raise InferenceError(400, "empty_prompt", "the prompt has no tokens: give some text to continue", param)
+    return ids
+
+
+def budget(context: int, request: Request, prompt_tokens: int, default_max_tokens: int) -> int:
+    """The completion's token budget. Raises InferenceError (400) when prompt and budget exceed
+    the model's context."""
+    param = "messages" if request.messages is not None else "prompt"
+    room = context - prompt_tokens
+    if request.max_tokens is not None and request.max_tokens > room:
+        raise InferenceError(
+            400, "context_length_exceeded",
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + request.max_tokens} tokens ({prompt_tokens} in the {param}, "
+            f"{request.max_tokens} in the completion). Please reduce the length of the {param} or "
+            "the completion.", param)
+    if room <= 0:
+        raise InferenceError(
+            400, "context_length_exceeded",
+            f"This model's maximum context length is {context} tokens; the {param} has "
+            f"{prompt_tokens}. Please reduce the length of the {param}.", param)
+    return request.max_tokens if request.max_tokens is not None else min(room, default_max_tokens)
 
 
 def held_back(text: str, stops: list[str]) -> int:
@@ -122,317 +158,24 @@ def first_stop(text: str, stops: list[str], start: int = 0) -> int | None:
     return min(found) if found else None
 
 
-class Engine:
-    """One base model and the adapters loaded on it (see the module docstring)."""
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a model server builds its engines (the serving settings, as plain values a replica in
+    another environment can take)."""
 
-    def __init__(self, base: BaseSource, cache_dir: Path, max_adapters: int = 8,
-                 device: str | None = None):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    cache_dir: str
+    max_adapters: int = 8
+    engine: str = "auto"
+    max_lora_rank: int = 64
+    adapters_per_batch: int = 4
+    max_model_len: int = 4096
+    kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.85
 
-        from eft.training.chat import stop_token_ids
-        from eft.training.model import hub_path
-
-        # A folder of this engine's own: the copies in it are deleted with the adapters.
-        self.cache_dir = Path(cache_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        # Deleted once the engine is gone: when Serve drops the base model from the replica,
-        # requests still generating keep it (no __del__: Serve would call that at once).
-        weakref.finalize(self, shutil.rmtree, str(self.cache_dir), True)
-        self.base, self.max_adapters = base, max(1, max_adapters)
-        path = hub_path(base.hub) if base.hub else base.path
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if self.device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
-        self.context = context_length(self.model.config, self.tokenizer)
-        self.stop_ids = set(stop_token_ids(self.tokenizer, self.model.generation_config))
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
-        self.peft: Any = None
-        self.adapters: OrderedDict[str, str] = OrderedDict()  # model id -> PEFT adapter name
-        self._names = 0
-        self.copies: dict[str, Path] = {}  # adapter name -> its files copied under cache_dir
-        self.lock = threading.Lock()
-        log.info("loaded %s on %s (%s, context %d)", base.key, self.device, dtype, self.context)
-
-    # -- adapters ---------------------------------------------------------------------------
-    def _load_adapter(self, adapter: AdapterSource) -> str:
-        self._names += 1
-        name = f"a{self._names}"
-        try:
-            directory, copied = fetch(adapter.location, self.cache_dir,
-                                       CHECKPOINT_FILES if adapter.kind == "checkpoint" else None)
-        except FileNotFoundError:
-            raise InferenceError(404, "model_not_found", f"the files of {adapter.model} are gone (a checkpoint the "
-                                 "job pruned since): list the kept ones with GET /jobs/{id}/checkpoints",
-                                 "model") from None
-        try:
-            self._load_files(adapter, name, directory)
-        except BaseException:
-            if copied:
-                shutil.rmtree(directory, ignore_errors=True)
-            raise
-        if copied:
-            self.copies[name] = directory
-        self.peft.to(self.device).eval()
-        return name
-
-    def _load_files(self, adapter: AdapterSource, name: str, directory: Path) -> None:
-        """Add adapter `name` from its files: its config injects its layers, then its weights
-        load into them. Whatever fails after the injection takes the adapter out again, so
-        the model is as it was (a half-loaded adapter never answers, nor stays in memory)."""
-        from peft import LoraConfig, PeftModel
-
-        checkpoint = adapter.kind == "checkpoint"
-        config_dir = directory / "adapter" if checkpoint else directory
-        if not (config_dir / "adapter_config.json").is_file():
-            if checkpoint:
-                raise InferenceError(409, "checkpoint_not_servable",
-                                     f"checkpoint {adapter.model} holds no adapter config (it was written by an "
-                                     "older version, or by a full fine-tuning job): sample the job's final model",
-                                     "model")
-            raise InferenceError(409, "model_not_servable",
-                                 f"{adapter.model} is not a LoRA adapter (a full fine-tuning job's model): "
-                                 "download it and serve it as a base model", "model")
-        config = LoraConfig.from_pretrained(str(config_dir))
-        config.inference_mode = True
-        if self.peft is None:
-            self.peft = PeftModel(self.model, config, adapter_name=name)
-        else:
-            self.peft.add_adapter(name, config)
-        try:
-            if checkpoint:
-                self._load_trainable(directory / CHECKPOINT_FILES[0], name)
-            else:
-                self._load_adapter_weights(directory, name)
-        except BaseException:
-            self.peft.delete_adapter(name)
-            raise
-
-    def _load_adapter_weights(self, directory: Path, name: str) -> None:
-        from peft.utils import load_peft_weights, set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(self.peft, load_peft_weights(str(directory), device="cpu"),
-                                           adapter_name=name)
-        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-        if unexpected:
-            raise InferenceError(409, "model_not_servable",
-                                 f"the adapter's weights do not fit its config ({unexpected[:3]})", "model")
-
-    def _load_trainable(self, path: Path, name: str) -> None:
-        import torch
-
-        from eft.training.checkpoint import load_trainable
-
-        state = load_trainable(path.parent)
-        params = dict(self.peft.named_parameters())
-        renamed = {_ADAPTER_SUFFIX.sub(f".{name}", key): value for key, value in state.items()}
-        unknown = [key for key in renamed if key not in params]
-        missing = [key for key in params if f".{name}." in key and key not in renamed]
-        if unknown or missing:
-            raise InferenceError(409, "checkpoint_not_servable",
-                                 f"the checkpoint's weights do not fit its adapter config ({(unknown or missing)[:3]})",
-                                 "model")
-        with torch.no_grad():
-            for key, value in renamed.items():
-                params[key].copy_(value.to(params[key].dtype))
-
-    def _select(self, adapter: AdapterSource | None) -> None:
-        """Make `adapter` (None: the base model) the active one, loading it if needed."""
-        if adapter is None:
-            return
-        if adapter.model in self.adapters:
-            self.adapters.move_to_end(adapter.model)
-        else:
-            self.adapters[adapter.model] = self._load_adapter(adapter)
-            while len(self.adapters) > self.max_adapters:
-                _, old = self.adapters.popitem(last=False)
-                self.peft.delete_adapter(old)
-                if old in self.copies:
-                    shutil.rmtree(self.copies.pop(old), ignore_errors=True)
-                log.info("dropped adapter %s from %s (least recently used)", old, self.base.key)
-        self.peft.set_adapter(self.adapters[adapter.model])
-
-    def loaded(self) -> list[str]:
-        return list(self.adapters)
-
-
-    # -- requests ---------------------------------------------------------------------------
-    def prompt_ids(self, request: Request) -> list[int]:
-        """The prompt's tokens, as training tokenized records of its kind. Raises
-        InferenceError (400) for messages the template refuses."""
-        from eft.training.chat import TemplateError, prepare_messages, render
-
-        if request.messages is not None:
-            try:
-                text = render(self.tokenizer, prepare_messages(request.messages, request.system_message),
-                              add_generation_prompt=True)
-            except TemplateError as exc:
-                raise InferenceError(400, exc.rule, str(exc), "messages") from None
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return list(self.tokenizer(request.prompt or "", add_special_tokens=True)["input_ids"])
-
-    def budget(self, request: Request, prompt_tokens: int, default_max_tokens: int) -> int:
-        """The completion's token budget. Raises InferenceError (400) when prompt and budget
-        exceed the model's context."""
-        param = "messages" if request.messages is not None else "prompt"
-        room = self.context - prompt_tokens
-        if request.max_tokens is not None and request.max_tokens > room:
-            raise InferenceError(
-                400, "context_length_exceeded",
-                f"This model's maximum context length is {self.context} tokens. However, you requested "
-                f"{prompt_tokens + request.max_tokens} tokens ({prompt_tokens} in the {param}, "
-                f"{request.max_tokens} in the completion). Please reduce the length of the {param} or "
-                "the completion.", param)
-        if room <= 0:
-            raise InferenceError(
-                400, "context_length_exceeded",
-                f"This model's maximum context length is {self.context} tokens; the {param} has "
-                f"{prompt_tokens}. Please reduce the length of the {param}.", param)
-        return request.max_tokens if request.max_tokens is not None else min(room, default_max_tokens)
-
-    def stream(self, adapter: AdapterSource | None, request: Request, default_max_tokens: int = 512,
-               cancelled: threading.Event | None = None) -> Iterator[dict[str, Any]]:
-        """Text deltas ({"text"}) and then one {"finish_reason", "usage"}. Raises
-        InferenceError before the first delta for a request it refuses. Closing the iterator
-        stops the generation."""
-        ids = self.prompt_ids(request)
-        if not ids:
-            raise InferenceError(400, "empty_prompt", "the prompt has no tokens: give some text to continue",
-                                 "messages" if request.messages is not None else "prompt")
-        max_tokens = self.budget(request, len(ids), default_max_tokens)
-        cancelled = cancelled or threading.Event()
-        with self.lock:
-            if cancelled.is_set():  # the caller left while it waited its turn
-                return
-            self._select(adapter)
-            yield from self._generate(adapter, ids, max_tokens, request, cancelled)
-
-    def _generate(self, adapter: AdapterSource | None, ids: list[int], max_tokens: int, request: Request,
-                  cancelled: threading.Event) -> Iterator[dict[str, Any]]:
-        import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
-
-        class _Cancelled(StoppingCriteria):
-            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-                return torch.full((input_ids.shape[0],), cancelled.is_set(), dtype=torch.bool,
-                                  device=input_ids.device)
-
-        model = self.peft if self.peft is not None else self.model
-        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        sampling = request.temperature > 0
-        kwargs: dict[str, Any] = dict(
-            input_ids=torch.tensor([ids], device=self.device),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=self.device),
-            max_new_tokens=max_tokens, min_new_tokens=max_tokens if request.ignore_eos else 0, do_sample=sampling,
-            eos_token_id=sorted(self.stop_ids), pad_token_id=self.pad_id, streamer=streamer,
-            stopping_criteria=StoppingCriteriaList([_Cancelled()]),
-        )
-        if sampling:
-            kwargs.update(temperature=request.temperature, top_p=request.top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        result: dict[str, Any] = {}
-
-        def run() -> None:
-            context = (self.peft.disable_adapter() if adapter is None and self.peft is not None
-                       else contextlib.nullcontext())
-            try:
-                with context, torch.inference_mode():
-                    if request.seed is not None:
-                        torch.manual_seed(request.seed)
-                    result["sequences"] = model.generate(**kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the reading side
-                result["error"] = exc
-                streamer.on_finalized_text("", stream_end=True)
-
-        thread = threading.Thread(target=run, name="eft-generate", daemon=True)
-        thread.start()
-        text, sent, stopped = "", 0, False
-        try:
-            for piece in streamer:
-                text += piece
-                cut = first_stop(text, request.stop, max(0, sent - 1))
-                if cut is not None:
-                    if cut > sent:
-                        yield {"text": text[sent:cut]}
-                    sent, stopped = cut, True
-                    cancelled.set()
-                    break
-                ready = len(text) - held_back(text, request.stop)
-                if ready > sent:
-                    yield {"text": text[sent:ready]}
-                    sent = ready
-        finally:
-            cancelled.set()
-            thread.join()
-        if "error" in result:
-            raise result["error"]
-        if not stopped and len(text) > sent:
-            yield {"text": text[sent:]}
-        generated = result["sequences"][0, len(ids):].tolist()
-        if stopped or (generated and generated[-1] in self.stop_ids):
-            reason = "stop"
-        else:
-            reason = "length" if len(generated) >= max_tokens else "stop"
-        yield {"finish_reason": reason,
-               "usage": {"prompt_tokens": len(ids), "completion_tokens": len(generated),
-                         "total_tokens": len(ids) + len(generated)}}
-
-
-_DONE = object()
-
-
-async def astream(engine: Engine, adapter: AdapterSource | None, request: Request,
-                  default_max_tokens: int) -> AsyncIterator[dict[str, Any]]:
-    """`engine.stream` for an event loop: the generation runs on its own thread, which hands
-    each item over; a refusal or failure becomes one {"error"} item. When the consumer stops
-    early (a client that went away), the generation stops at its next token."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    cancelled = threading.Event()
-
-    def produce() -> None:
-        try:
-            with contextlib.closing(engine.stream(adapter, request, default_max_tokens, cancelled)) as items:
-                for item in items:
-                    loop.call_soon_threadsafe(queue.put_nowait, item)
-                    if cancelled.is_set():
-                        break
-        except InferenceError as exc:
-            loop.call_soon_threadsafe(queue.put_nowait, {"error": exc.as_dict()})
-        except Exception as exc:  # noqa: BLE001 - reported to the caller, logged here
-            log.exception("generation failed on %s", engine.base.key)
-            loop.call_soon_threadsafe(queue.put_nowait, {"error": {
-                "status": 500, "code": "generation_failed", "param": None,
-                "message": f"the model server failed on this request ({type(exc).__name__}: {exc})"}})
-        finally:
-            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
-
-    threading.Thread(target=produce, name="eft-completion", daemon=True).start()
-    try:
-        while (item := await queue.get()) is not _DONE:
-            yield item
-    finally:
-        cancelled.set()
-
-
-class LocalModels:
-    """Serves completions in this process (the same engines a model server replica runs):
-    for a single-process server without Ray Serve, and for tests."""
-
-    def __init__(self, cache_dir: Path, max_adapters: int = 8, default_max_tokens: int = 512):
-        self.cache_dir, self.max_adapters, self.default_max_tokens = cache_dir, max_adapters, default_max_tokens
-        self.engines: dict[str, Engine] = {}
-        self._loading = asyncio.Lock()
-
-    async def engine(self, base: BaseSource) -> Engine:
-        async with self._loading:
-            if base.key not in self.engines:
-                self.engines[base.key] = await asyncio.to_thread(Engine, base, self.cache_dir, self.max_adapters)
-        return self.engines[base.key]
-
-    async def stream(self, base: BaseSource, adapter: AdapterSource | None,
-                     request: Request) -> AsyncIterator[dict[str, Any]]:
-        engine = await self.engine(base)
-        async for item in astream(engine, adapter, request, self.default_max_tokens):
-            yield item
+    @classmethod
+    def from_settings(cls, settings: Any) -> "EngineOptions":
+        return cls(cache_dir=str(settings.home / "cache" / "models"), max_adapters=settings.inference_max_adapters,
+                   engine=settings.inference_engine, max_lora_rank=settings.inference_max_lora_rank,
+                   adapters_per_batch=settings.inference_adapters_per_batch,
+                   max_model_len=settings.inference_max_model_len, kv_cache_gb=settings.inference_kv_cache_gb,
+                   gpu_memory_utilization=settings.inference_gpu_memory_utilization)

@@ -12,7 +12,7 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
-from eft.service.serving.engine import LocalModels
+from eft.service.serving.engines import LocalModels
 from eft.service.settings import BUNDLED_ASSETS, get_settings
 from eft.service.store.store import Store
 from eft.types.jobs import JobStatus

