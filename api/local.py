@@ -283,7 +283,8 @@ def deploy_app(env: dict[str, str], port: int | None = None, host: str = "127.0.
 
     from eft.api.deployment import EftService
     from eft.api.inference import ModelServer
-    from eft.api.serve_config import application, model_server, serving_python
+    from eft.api.serve_config import application, model_server
+    from eft.service.serving.engines import serving_python
 
     from eft.service import credentials
     # Credentials go to a 0600 file under EFT_HOME; the Serve app's runtime environment, which

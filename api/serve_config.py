@@ -47,20 +47,6 @@ def application(env: dict[str, str], num_replicas: int = 1) -> dict[str, Any]:
 MODEL_SERVER = "ModelServer"
 
 
-#: The model servers' environment `make setup` builds (deploy/install-serving.sh).
-LOCAL_SERVING_VENV = REPO_ROOT / ".venv-serve"
-
-
-def serving_python(env: dict[str, str]) -> str | None:
-    """The Python the model servers run: `EFT_SERVING_PYTHON` (an image's vLLM environment; empty:
-    the service's own, with transformers' engine only), else the checkout's `.venv-serve` when
-    setup built it."""
-    if "EFT_SERVING_PYTHON" in env:
-        return env["EFT_SERVING_PYTHON"] or None
-    local = LOCAL_SERVING_VENV / "bin" / "python"
-    return str(local) if local.exists() else None
-
-
 def model_server(env: dict[str, str], python: str | None = None) -> dict[str, Any]:
     """The model servers (api/inference.py): they scale with ongoing completions, down to zero
     replicas after `EFT_INFERENCE_IDLE_S` idle seconds. Each takes `EFT_INFERENCE_CPUS` CPUs

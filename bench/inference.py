@@ -1,5 +1,5 @@
-"""Serving fine-tuned models: how soon a finished job answers, and the CPU backend's tokens/s
-with 1 and 4 adapters loaded.
+"""Serving fine-tuned models: how soon a finished job answers, and what the model servers' engines
+deliver under 32 concurrent chats (vLLM against transformers' generate).
 
     .venv/bin/python bench/inference.py            # writes its section of BENCHMARKS.md
 
@@ -7,9 +7,9 @@ Part one goes through the whole service: a local Ray cluster, the service on Ray
 model servers at zero replicas, a 3-step LoRA job on the tiny Llama; from the moment the job
 reads `succeeded` it streams a chat completion from the job's model id and takes the time to
 the first token (a model server replica starts, loads the base model and the adapter), then
-the same on the warm replica. Part two runs the model server's engine in this process: greedy
-completions of a fixed length from a base model alone, from one adapter, and from four adapters
-taken in turn (each request switches the active adapter), all in one run, interleaved.
+the same on the warm replica. Part two (first in the run) loads each engine in its own
+environment (bench/serving_load.py) and sends it 32 chat requests at once, on the base model and
+mixing the base and four adapters: output tokens/s and time to the first token.
 """
 
 from __future__ import annotations
@@ -104,82 +104,83 @@ def _adapters(base: Path, root: Path, count: int) -> list[Path]:
     return out
 
 
-def engine_throughput(family: str, tokens: int, rounds: int) -> dict[str, float]:
-    """Generated tokens/s: base model alone, 1 adapter, 4 adapters in turn (interleaved rounds)."""
-    from eft.service.serving.engine import AdapterSource, BaseSource, Request
-    from eft.service.serving.hf_engine import Engine
+def engines_under_load(family: str, tokens: int, concurrent: int, rounds: int) -> dict[str, dict]:
+    """bench/serving_load.py with each engine in its own environment: the same model, adapters,
+    requests and machine, one after the other."""
+    import subprocess
 
-    root = Path(tempfile.mkdtemp(prefix="eft-bench-adapters-"))
-    paths = _adapters(MODELS / family, root, 4)
-    engine = Engine(BaseSource(str(MODELS / family)), root / "cache", max_adapters=4)
-    adapters = [AdapterSource(f"ft:{family}:bench:{i}", str(p)) for i, p in enumerate(paths)]
-    request = Request(prompt="The cat sat on the mat and", max_tokens=tokens, temperature=0, ignore_eos=True)
-
-    def rate(choices: list[AdapterSource | None]) -> float:
-        produced, started = 0, time.perf_counter()
-        for adapter in choices:
-            *_, last = engine.stream(adapter, request, cancelled=None)
-            assert last["usage"]["completion_tokens"] == tokens
-            produced += tokens
-        return produced / (time.perf_counter() - started)
-
-    load_started = time.perf_counter()
-    for adapter in adapters:  # first use of each: loaded from disk
-        list(engine.stream(adapter, Request(prompt="x", max_tokens=1, temperature=0)))
-    load_s = (time.perf_counter() - load_started) / len(adapters)
-    results: dict[str, list[float]] = {"base": [], "one": [], "four": []}
-    for _ in range(rounds):
-        results["base"].append(rate([None] * 4))
-        results["one"].append(rate([adapters[0]] * 4))
-        results["four"].append(rate(adapters))
-    assert engine.loaded() == [a.model for a in adapters]
-    return {"load_s": load_s, **{k: statistics.median(v) for k, v in results.items()}}
+    root = Path(tempfile.mkdtemp(prefix="eft-bench-serving-"))
+    adapters = ",".join(str(p) for p in _adapters(MODELS / family, root, 4))
+    results = {}
+    for engine, python in (("vllm", ROOT / ".venv-serve" / "bin" / "python"), ("transformers", Path(sys.executable))):
+        out = root / f"{engine}.json"
+        subprocess.run([str(python), str(ROOT / "bench" / "serving_load.py"), "--engine", engine, "--model",
+                        str(MODELS / family), "--adapters", adapters, "--tokens", str(tokens), "--concurrent",
+                        str(concurrent), "--rounds", str(rounds), str(out)], check=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+        results[engine] = json.loads(out.read_text())
+        assert results[engine]["engine"] == engine, results[engine]
+    return results
 
 
-def render(service: dict[str, float], engines: dict[str, dict[str, float]], tokens: int, elapsed: float) -> str:
+def render(service: dict[str, float], engines: dict[str, dict], tokens: int, concurrent: int, elapsed: float) -> str:
     lines = [
         SECTION, "",
         f"`bench/inference.py`, {datetime.now().date()}, on {machine()}; {elapsed:.0f} s in all.", "",
-        "### A finished job answers (through the service on a local Ray cluster)", "",
-        "| measure | seconds |", "|---|---:|",
-        f"| job `succeeded` -> first streamed chat token, model servers at zero replicas | {service['cold_first']:.2f} |",
-        f"| ... to the end of that 16-token completion | {service['cold_total']:.2f} |",
-        f"| warm replica, adapter loaded: request -> first token (median of 5) | {service['warm_first']:.3f} |",
-        f"| warm replica: whole 16-token completion (median of 5) | {service['warm_total']:.3f} |",
-        f"| warm replica, base model: request -> first token (median of 5) | {service['base_first']:.3f} |",
+        f"### {concurrent} chat requests at once, {tokens} greedy tokens each: vLLM against transformers' `generate`",
         "",
-        "The cold figure is a new model server replica (a Ray worker process that imports torch, "
-        "transformers and PEFT), the base model and the adapter loaded, and the completion: no "
-        "restart and no deploy step.", "",
-        f"### Tokens/s of the CPU backend ({tokens} greedy tokens per request, one request at a time)", "",
-        "| base model | adapter first load (s) | base alone (tok/s) | 1 adapter (tok/s) | 4 adapters in turn (tok/s) "
-        "| 1 adapter / base | 4 adapters / 1 adapter |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| base model | scenario | engine | output tok/s | wall (s) | first token p50 (s) | first token p99 (s) "
+        "| vLLM / transformers |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for family, r in engines.items():
-        lines.append(f"| {family} | {r['load_s']:.2f} | {r['base']:.0f} | {r['one']:.0f} | {r['four']:.0f} | "
-                     f"{r['one'] / r['base']:.2f} | {r['four'] / r['one']:.2f} |")
+        for scenario, label in (("base", "base model"), ("mixed", "base + 4 adapters, mixed")):
+            v, t = r["vllm"][scenario], r["transformers"][scenario]
+            for name, row in (("vLLM", v), ("transformers", t)):
+                ratio = f"**{v['tok_s'] / t['tok_s']:.1f}x**" if name == "vLLM" else ""
+                lines.append(f"| {family} | {label} | {name} | {row['tok_s']:.0f} | {row['wall_s']:.2f} | "
+                             f"{row['ttft_p50']:.3f} | {row['ttft_p99']:.3f} | {ratio} |")
+        lines.append(f"| {family} | engine start (s) | vLLM {r['vllm']['start_s']:.1f}, transformers "
+                     f"{r['transformers']['start_s']:.1f} | | | | | |")
     lines += ["",
-              "Adapters are LoRA r=16 on every linear layer, unmerged (PEFT adds each adapter's product "
-              "to the base layer's output), so an adapter costs its extra matmuls per token; taking "
-              "another adapter per request costs PEFT's `set_adapter`, a walk over the model's LoRA "
-              "layers. Rounds interleave the three cases; medians are shown. The bundled models are tiny, so these rates measure the "
-              "per-token overhead of generate more than arithmetic.", ""]
+              "Each engine in its own environment (vLLM in the model servers' .venv-serve, transformers in the "
+              "service's), the same requests sent at once through the product's engine class "
+              "(bench/serving_load.py); adapters are LoRA r=16 on every linear layer, all loaded before timing. "
+              "transformers' engine answers one request at a time (the active adapter is the model's state), so "
+              "its first-token times grow with the queue; vLLM batches every request, adapters mixed, in each "
+              "step. vLLM on a CPU computes in float32 here (the dtype the adapters trained in). Median round "
+              "by throughput shown.", ""]
+    if service:
+        lines += [
+            "### A finished job answers (through the service on a local Ray cluster)", "",
+            "| measure | seconds |", "|---|---:|",
+            f"| job `succeeded` -> first streamed chat token, model servers at zero replicas | {service['cold_first']:.2f} |",
+            f"| ... to the end of that 16-token completion | {service['cold_total']:.2f} |",
+            f"| warm replica, adapter loaded: request -> first token (median of 5) | {service['warm_first']:.3f} |",
+            f"| warm replica: whole 16-token completion (median of 5) | {service['warm_total']:.3f} |",
+            f"| warm replica, base model: request -> first token (median of 5) | {service['base_first']:.3f} |",
+            "",
+            "The cold figure is a new model server replica (a Ray worker process in the model servers' "
+            "environment that imports vLLM and starts its engine process), the base model loaded and warmed "
+            "up, the adapter loaded, and the completion: no restart and no deploy step.", "",
+        ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--concurrent", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip-service", action="store_true", help="only the engines under load")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    service = through_the_service()
-    engines = {family: engine_throughput(family, args.tokens, args.rounds)
+    engines = {family: engines_under_load(family, args.tokens, args.concurrent, args.rounds)
                for family in ("tiny-llama", "tiny-qwen3")}
-    section = render(service, engines, args.tokens, time.perf_counter() - started)
+    service = {} if args.skip_service else through_the_service()
+    section = render(service, engines, args.tokens, args.concurrent, time.perf_counter() - started)
     if not args.no_write:
         replace_section(args.output, SECTION, section)
     print(section)

@@ -1,6 +1,7 @@
 """Which engine serves a base model (vLLM's, or transformers' as the fallback), started and warmed
-up off the event loop; and `LocalModels`, the engines of one process (a server without Ray
-Serve, tests). The model server replicas (api/inference.py) open theirs the same way."""
+up off the event loop, and which Python runs it (the model servers' own environment); and
+`LocalModels`, the engines of one process (a server without Ray Serve, tests). The model server
+replicas (api/inference.py) and the trainers' sampler (sampler.py) open theirs the same way."""
 
 from __future__ import annotations
 
@@ -12,6 +13,20 @@ from typing import Any, AsyncIterator
 from eft.service.serving.engine import AdapterSource, BaseSource, EngineOptions, Request
 
 log = logging.getLogger("eft.inference")
+
+
+#: The model servers' environment `make setup` builds (deploy/install-serving.sh).
+LOCAL_SERVING_VENV = Path(__file__).resolve().parents[2] / ".venv-serve"
+
+
+def serving_python(env: dict[str, str]) -> str | None:
+    """The Python the model servers run: `EFT_SERVING_PYTHON` (an image's vLLM environment; empty:
+    the service's own, with transformers' engine only), else the checkout's `.venv-serve` when
+    setup built it."""
+    if "EFT_SERVING_PYTHON" in env:
+        return env["EFT_SERVING_PYTHON"] or None
+    local = LOCAL_SERVING_VENV / "bin" / "python"
+    return str(local) if local.exists() else None
 
 
 def vllm_installed() -> bool:

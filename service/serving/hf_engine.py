@@ -45,6 +45,8 @@ _ADAPTER_SUFFIX = re.compile(r"\.default(?=\.)")
 class Engine:
     """One base model and the adapters loaded on it (see the module docstring)."""
 
+    kind = "transformers"
+
     def __init__(self, base: BaseSource, cache_dir: Path, max_adapters: int = 8,
                  device: str | None = None):
         import torch

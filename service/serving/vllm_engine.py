@@ -47,11 +47,10 @@ class UnsupportedModel(Exception):
     """A base model vLLM cannot serve (its architecture, or LoRA on it)."""
 
 
-def _cpu_environment(options: EngineOptions) -> None:
-    """vLLM's CPU backend reads its cache size and thread binding from the environment when its
-    engine process starts. Binding threads to cores suits a machine of its own; beside Ray
-    workers sharing the cores it does not, so it is off unless the operator sets it."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{options.kv_cache_gb:g}")
+def _cpu_environment() -> None:
+    """vLLM's CPU backend reads its thread binding from the environment when its engine process
+    starts. Binding threads to cores suits a machine of its own; beside Ray workers sharing the
+    cores it does not, so it is off unless the operator sets it."""
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
@@ -61,12 +60,24 @@ def _supports(path: str) -> None:
     from vllm.model_executor.models import ModelRegistry
     from vllm.model_executor.models.interfaces import supports_lora
 
-    architectures = list(getattr(AutoConfig.from_pretrained(path), "architectures", None) or [])
+    config = AutoConfig.from_pretrained(path)
+    architectures = list(getattr(config, "architectures", None) or [])
     served = [a for a in architectures if a in ModelRegistry.models]
     if not served:
         raise UnsupportedModel(f"vLLM has no implementation of {architectures or 'its architecture'}")
     if not supports_lora(ModelRegistry.models[served[0]].load_model_cls()):
         raise UnsupportedModel(f"vLLM does not serve LoRA adapters on {served[0]}")
+    import torch
+
+    if not torch.cuda.is_available():  # the CPU kernels take some head sizes only (they fail at the first step)
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        text = getattr(config, "text_config", None) or config
+        heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None)
+        size = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+        if size not in CPUAttentionBackend.get_supported_head_sizes():
+            raise UnsupportedModel(f"vLLM's CPU attention has no kernel for heads of size {size} "
+                                   f"(it takes {CPUAttentionBackend.get_supported_head_sizes()})")
 
 
 @dataclass
@@ -89,7 +100,7 @@ class VllmEngine:
 
         path = _base_path(base)
         _supports(path)
-        _cpu_environment(options)
+        _cpu_environment()
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -110,7 +121,8 @@ class VllmEngine:
             model=path, tokenizer=path, dtype="float32" if cpu else "auto", max_model_len=self.context,
             enable_lora=True, max_lora_rank=self.max_rank, max_loras=max(1, options.adapters_per_batch),
             max_cpu_loras=max(options.adapters_per_batch, options.max_adapters), enforce_eager=cpu,
-            gpu_memory_utilization=options.gpu_memory_utilization, seed=0)
+            gpu_memory_utilization=options.gpu_memory_utilization, seed=0,
+            kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30) if cpu else None)
         try:
             self.engine = AsyncLLM.from_engine_args(args)
         except Exception as exc:  # noqa: BLE001 - a model vLLM cannot load goes to the fallback

@@ -1,0 +1,79 @@
+"""The trainers' sampler (service/serving/sampler.py): a Ray actor in the model servers' environment
+that samples `n` completions per prompt with token ids and log-probabilities, called from a Ray
+task as a trainer's worker calls it, and refreshed in place when an adapter's weights change."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+from eft.service.serving.engine import AdapterSource, BaseSource, EngineOptions
+from tests.helpers.adapters import as_checkpoint, random_adapter
+from tests.helpers.paths import REPO, TINY_LLAMA
+
+PROMPTS = [[2, 318, 268, 441, 21], [2, 515, 286, 397]]
+
+
+@pytest.fixture(scope="module")
+def sampler(ray_cluster, tmp_path_factory):
+    from eft.service.serving.sampler import Sampler
+
+    assert (REPO / ".venv-serve" / "bin" / "python").exists(), "make setup builds the model servers' environment"
+    root = tmp_path_factory.mktemp("sampler")
+    first = random_adapter(str(TINY_LLAMA), root / "step-1", seed=11)
+    second = as_checkpoint(random_adapter(str(TINY_LLAMA), root / "step-2-adapter", seed=12), root / "step-2")
+    handle = Sampler.start(BaseSource(str(TINY_LLAMA)), EngineOptions(cache_dir=str(root / "cache"), max_lora_rank=8,
+                                                                      max_model_len=512))
+    return handle, first, second
+
+
+@ray.remote
+def _rollouts(handle, adapter, seed):
+    """A trainer's side: a Ray task holding the sampler's handle."""
+    return ray.get(handle.sample.remote(PROMPTS, n=4, max_tokens=12, temperature=1.0, seed=seed, adapter=adapter))
+
+
+def _log_probs(adapter_dir, prompt: list[int], tokens: list[int]) -> list[float]:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(TINY_LLAMA, dtype=torch.float32),
+                                      str(adapter_dir)).eval()
+    ids = torch.tensor([prompt + tokens])
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def test_groups_of_samples_with_token_log_probs_from_a_ray_task(sampler):
+    handle, first, _ = sampler
+    policy = AdapterSource("policy", str(first))
+    groups = ray.get(_rollouts.remote(handle, policy, 5))
+    assert [len(group) for group in groups] == [4, 4]
+    for group in groups:
+        for sample in group:
+            assert sample["token_ids"] and len(sample["logprobs"]) == len(sample["token_ids"])
+            assert all(lp <= 0 for lp in sample["logprobs"]) and sample["finish_reason"] in ("stop", "length")
+        assert len({tuple(s["token_ids"]) for s in group}) > 1, "a group at temperature 1 samples different answers"
+    assert ray.get(_rollouts.remote(handle, policy, 5)) == groups, "the same seed gives the same samples"
+    assert ray.get(_rollouts.remote(handle, policy, 6)) != groups
+    # The log-probabilities are the policy's own: what transformers + PEFT compute for those tokens.
+    sample = groups[0][0]
+    expected = _log_probs(first, PROMPTS[0], sample["token_ids"])
+    assert max(abs(a - b) for a, b in zip(sample["logprobs"], expected)) < 1e-3, (sample["logprobs"], expected)
+
+
+def test_an_adapter_refreshed_in_place_samples_with_its_new_weights(sampler):
+    handle, first, second = sampler
+
+    def greedy(adapter: AdapterSource) -> list:
+        groups = ray.get(handle.sample.remote(PROMPTS, n=1, max_tokens=12, temperature=0, adapter=adapter))
+        return [group[0]["token_ids"] for group in groups]
+
+    before = greedy(AdapterSource("policy", str(first)))
+    after = greedy(AdapterSource("policy", str(second), "checkpoint"))  # the trainer's next checkpoint
+    assert after != before
+    assert after == greedy(AdapterSource("fresh", str(second), "checkpoint"))
+    assert before == greedy(AdapterSource("fresh-first", str(first)))
+    assert sorted(ray.get(handle.adapters.remote())) == ["fresh", "fresh-first", "policy"]
