@@ -17,6 +17,8 @@ from eft.service.settings import BUNDLED_ASSETS
 from tests.helpers.budgets import machine_factor
 from tests.helpers.service_api import ADMIN_KEY, key_for
 
+PROMPT = [{"role": "user", "content": "What is the first word of: frog fox high king"}]
+
 
 def test_the_openai_client_runs_a_fine_tuning_job(service, journey, tmp_path):
     from openai import NotFoundError, OpenAI
@@ -125,7 +127,7 @@ def test_the_openai_client_runs_a_fine_tuning_job(service, journey, tmp_path):
         client.fine_tuning.jobs.retrieve("ftjob-doesnotexist")
 
 
-def test_the_openai_client_runs_a_dpo_job(service, journey):
+def test_the_openai_client_runs_a_dpo_job(service, journey, tmp_path):
     """Preference tuning as OpenAI's clients ask for it: `method={"type": "dpo", ...}` on a file of
     preference pairs; the job succeeds and reports the DPO metrics as `metrics` events; the
     service's own webhook sender tells a receiver on loopback, signed as OpenAI signs."""
@@ -161,3 +163,37 @@ def test_the_openai_client_runs_a_dpo_job(service, journey):
     assert receiver.checked and not [e for e in receiver.checked if isinstance(e, Exception)], receiver.checked
     (got,) = [e for e in receiver.checked if e.data.id == job.id]
     assert got.type == "fine_tuning.job.succeeded"
+
+    # Two adapters of one base at once (the supervised job's and this one's, with the base model),
+    # requests interleaved: the model server batches them together, and each model answers as
+    # plain PEFT does from its own adapter, streamed or not.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eft import Client
+    from tests.helpers.reference import reference_reply
+
+    supervised = journey.openai["supervised"]
+    while (supervised := client.fine_tuning.jobs.retrieve(supervised.id)).status not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline + 300 * machine_factor(), supervised.status
+        time.sleep(1)
+    assert supervised.status == "succeeded", supervised.error
+    base_dir = BUNDLED_ASSETS / "models" / "tiny-llama"
+    expected = {"tiny-llama": reference_reply(base_dir, None, PROMPT)}
+    with Client(base_url=service["url"], api_key=ADMIN_KEY, max_retries=0) as ours:
+        for tuned in (supervised, job):
+            ours.jobs.download(tuned.id, tmp_path / tuned.id)
+            expected[tuned.fine_tuned_model] = reference_reply(base_dir, tmp_path / tuned.id, PROMPT)
+
+    def ask(turn: int) -> tuple[str, str]:
+        model = list(expected)[turn % 3]
+        if turn % 2:
+            chunks = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=16, temperature=0,
+                                                    stream=True)
+            return model, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return model, client.chat.completions.create(model=model, messages=PROMPT, max_tokens=16,
+                                                     temperature=0).choices[0].message.content
+
+    with ThreadPoolExecutor(4) as pool:  # four at once: the admin tenant's share of generations
+        answers = list(pool.map(ask, range(12)))
+    assert {model for model, _ in answers} == set(expected)
+    assert [text for _, text in answers] == [expected[model] for model, _ in answers]
