@@ -32,7 +32,7 @@ from eft.api.routes import webhooks as webhooks_routes
 from eft.service.errors import Problem, RequestInvalid, ServiceError
 from eft.service.jobs.manager import JobService
 from eft.service.runs.logs import LogStreams
-from eft.service.accounts.ratelimit import TenantRateLimiter, TenantSlots
+from eft.service.accounts.ratelimit import TenantRateLimiter, TenantSlots, TenantTokenBudget
 
 log = logging.getLogger("eft.api")
 
@@ -139,6 +139,8 @@ def create_app(job_service: JobService, models: Any = None) -> FastAPI:
     app.state.rate_limiter = TenantRateLimiter(settings.requests_per_s_per_tenant, settings.request_burst_per_tenant)
     app.state.log_streams = LogStreams(settings.log_streams_per_tenant, settings.log_stream_max_s)
     app.state.generations = TenantSlots(settings.generations_per_tenant)
+    app.state.generation_tokens = TenantTokenBudget(settings.generation_tokens_per_minute)
+    app.state.default_max_tokens = settings.inference_default_max_tokens
 
     app.add_middleware(RequestContext, settings=settings)
     _install_error_handlers(app)

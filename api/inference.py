@@ -14,6 +14,7 @@ torch or transformers: the engine is imported in the model server replica only.
 from __future__ import annotations
 
 import asyncio
+import weakref
 import dataclasses
 import os
 from typing import Any, AsyncIterator
@@ -51,13 +52,23 @@ class ModelServer:
         self.settings = get_settings()
         self.options = EngineOptions.from_settings(self.settings)
         self.sources: dict[str, BaseSource] = {}
+        self.opened: weakref.WeakSet[Any] = weakref.WeakSet()
 
         async def load(key: str) -> Any:
             from eft.service.serving.engines import start_engine
 
-            return await start_engine(self.sources[key], self.options)
+            engine = await start_engine(self.sources[key], self.options)
+            self.opened.add(engine)
+            return engine
 
         self.engine = serve.multiplexed(max_num_models_per_replica=BASE_MODELS_PER_REPLICA)(load)
+
+    def check_health(self) -> None:
+        """An engine whose vLLM process died fails the replica's health check: Serve replaces the
+        replica instead of answering every later request with the dead engine's error."""
+        dead = [engine.base.key for engine in list(self.opened) if getattr(engine, "errored", False)]
+        if dead:
+            raise RuntimeError(f"the vLLM engine of {dead} died: this replica is replaced")
 
     async def generate(self, base: dict[str, Any], adapter: dict[str, Any] | None,
                        request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

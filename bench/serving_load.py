@@ -91,4 +91,9 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     outcome = asyncio.run(main(arguments))
     Path(arguments.out).write_text(json.dumps(outcome))
-    print(json.dumps(outcome))
+    print(json.dumps(outcome), flush=True)
+    # Leave without the interpreter's teardown: an engine's threads and processes can abort it
+    # after the result is written (vLLM's engine process is ended by its own finalizer).
+    import os
+
+    os._exit(0)

@@ -95,13 +95,11 @@ class InputSettings(BaseModel):
     data_roots: list[Path] = Field(
         default_factory=list,
         description="Directories training data may be read from (JSON list). The bundled "
-        "assets/data and <home>/data are always allowed.",
-    )
+        "assets/data and <home>/data are always allowed.")
     model_roots: list[Path] = Field(
         default_factory=list,
         description="Directories base models may be loaded from. The bundled assets/models and "
-        "<home>/models are always allowed.",
-    )
+        "<home>/models are always allowed.")
     allow_hub_models: bool = Field(
         False, description="Accept Hugging Face hub ids: resolved to a pinned revision through the "
         "Hugging Face cache on the request path (config and tokenizer), the weights downloaded "
@@ -279,6 +277,9 @@ class QuotaSettings(BaseModel):
         4, ge=1, description="Completions (/v1/chat/completions, /v1/completions) a tenant may have in flight at "
         "once on one replica; one more is a 429 with Retry-After, so that one tenant cannot queue the model "
         "servers full ahead of the others.")
+    generation_tokens_per_minute: int = Field(
+        200_000, ge=0, description="Completion tokens a tenant may ask for per minute on one replica (charged "
+        "max_tokens x n up front, the unused part refunded); 0: no limit.")
 
 
 class ServingSettings(BaseModel):

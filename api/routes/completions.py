@@ -59,6 +59,10 @@ class GenerationRefused(ServiceError):
         self.status_code = int(error["status"])
         if self.status_code >= 500:
             self.type = "server_error"
+        if self.status_code == 429:
+            self.type = "rate_limit_error"
+        if error.get("retry_after_s"):
+            self.headers = {"Retry-After": str(int(error["retry_after_s"]))}
 
 
 def _models(request: Request) -> Any:
@@ -70,15 +74,29 @@ def _models(request: Request) -> Any:
 
 
 class _Slot:
-    """One of the tenant's generation slots (app.state.generations), given back once whichever
-    way the generation ends: answered, refused, failed, or its client gone."""
+    """One of the tenant's generation slots (app.state.generations) and the completion tokens
+    charged to its budget (app.state.generation_tokens): the slot given back once whichever way the
+    generation ends (answered, refused, failed, or its client gone), the tokens it did not
+    generate refunded when its usage arrives."""
 
-    def __init__(self, request: Request, tenant: str | None):
+    def __init__(self, request: Request, tenant: str | None, generation: Generation | None = None):
         self.slots: TenantSlots = request.app.state.generations
         self.tenant = tenant or ""
         self.slots.take(self.tenant, f"tenant {self.tenant!r} already has {self.slots.per_tenant} completions in "
                         "flight on this server: wait for one to finish, then retry")
-        self.held = True
+        self.held, self.budget, self.charged = True, getattr(request.app.state, "generation_tokens", None), 0
+        if self.budget is not None and generation is not None:
+            most = generation.max_tokens or request.app.state.default_max_tokens
+            try:
+                self.charged = self.budget.charge(self.tenant, most * generation.n)
+            except BaseException:
+                self.release()
+                raise
+
+    def settle(self, completion_tokens: int) -> None:
+        if self.charged:
+            self.budget.refund(self.tenant, self.charged - completion_tokens)
+            self.charged = 0
 
     def release(self) -> None:
         if self.held:
@@ -92,8 +110,8 @@ async def _open(request: Request, service: Any, tenant: str | None, model: str,
     slot it holds until they end: a refusal (or a tenant over its share of generations, a 429)
     raises here, before any response starts."""
     base, adapter, system_message = await run_in_threadpool(service.models.serving_target, model, tenant)
-    generation.system_message = system_message
-    slot = _Slot(request, tenant)
+    generation.system_message, generation.tenant = system_message, tenant or ""
+    slot = _Slot(request, tenant, generation)
     try:
         items = _models(request).stream(base, adapter, generation).__aiter__()
         try:
@@ -114,6 +132,8 @@ async def _open(request: Request, service: Any, tenant: str | None, model: str,
             async for item in items:
                 if "error" in item:
                     raise GenerationRefused(item["error"])
+                if "usage" in item:
+                    slot.settle(item["usage"]["completion_tokens"])
                 yield item
         finally:
             slot.release()

@@ -28,7 +28,8 @@ def models_list(ctx: typer.Context, as_json: AsJson = False) -> None:
     page = client_of(ctx).models.list()
     if as_json:
         return emit_json(page)
-    out.print(table("id", "owned by", "created", rows=[(m.id, m.owned_by, _when(m.created)) for m in page.data]))
+    out.print(table("id", "owned by", "engine", "created",
+                    rows=[(m.id, m.owned_by, m.engine or "", _when(m.created)) for m in page.data]))
 
 
 def models_get(ctx: typer.Context,
@@ -38,7 +39,8 @@ def models_get(ctx: typer.Context,
     m = client_of(ctx).models.retrieve(model)
     if as_json:
         return emit_json(m)
-    out.print(table("", "", rows=[("id", m.id), ("owned by", m.owned_by), ("created", _when(m.created))]))
+    out.print(table("", "", rows=[("id", m.id), ("owned by", m.owned_by), ("engine", m.engine or "its base model's"),
+                                  ("created", _when(m.created))]))
 
 
 COMMANDS = {"models list": models_list, "models get": models_get}

@@ -183,6 +183,10 @@ class Model(_Response):
     id: str
     created: int = Field(description="Unix seconds: when the base model's files were written, or the job finished.")
     owned_by: str = Field(description="`system` for a base model, `org-<tenant>` for a fine-tuned one.")
+    engine: Literal["vllm", "transformers"] | None = Field(
+        None, description="Extension, base models only: the engine the model servers answer with, `vllm` (batching "
+        "every request and adapter), or `transformers` for a model vLLM cannot load (one request at a time). A "
+        "fine-tuned model is served by its base model's engine.")
 
 
 class ModelList(ListResponse):

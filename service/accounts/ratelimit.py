@@ -66,3 +66,46 @@ class TenantSlots:
         self.open[tenant] -= 1
         if not self.open[tenant]:
             del self.open[tenant]
+
+
+class TenantTokenBudget:
+    """Completion tokens per tenant per minute in this replica: a request is charged the most it
+    may generate (`max_tokens` x `n`) before it starts, and refunded what it did not generate
+    when it ends, so that one tenant's long completions cannot take the model servers from the
+    others. A bucket holds at most a minute's tokens; a request larger than that waits for a full
+    bucket. An empty bucket answers 429 with `Retry-After`."""
+
+    def __init__(self, per_minute: int):
+        self.rate, self.capacity = per_minute / 60.0, float(per_minute)
+        self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, last refill)
+        self._lock = threading.Lock()
+
+    def _level(self, tenant: str, now: float) -> float:
+        tokens, last = self._buckets.get(tenant, (self.capacity, now))
+        return min(self.capacity, tokens + (now - last) * self.rate)
+
+    def charge(self, tenant: str, tokens: int) -> int:
+        """Take `tokens` (at most a minute's) from `tenant`'s bucket; returns what was taken.
+        Raises RateLimited when the bucket holds less."""
+        if self.capacity <= 0:
+            return 0
+        amount = float(min(tokens, self.capacity))
+        now = time.monotonic()
+        with self._lock:
+            level = self._level(tenant, now)
+            if level < amount:
+                self._buckets[tenant] = (level, now)
+                wait = (amount - level) / self.rate
+                raise RateLimited(f"tenant {tenant!r} is over its {self.capacity:.0f} completion tokens per minute "
+                                  f"(this request may generate {tokens}): retry after {wait:.1f}s, ask for fewer "
+                                  "max_tokens, or ask the operator to raise EFT_GENERATION_TOKENS_PER_MINUTE", wait)
+            self._buckets[tenant] = (level - amount, now)
+        return int(amount)
+
+    def refund(self, tenant: str, tokens: int) -> None:
+        """Give back `tokens` of a charge the request did not generate."""
+        if tokens <= 0 or self.capacity <= 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._buckets[tenant] = (min(self.capacity, self._level(tenant, now) + tokens), now)

@@ -12,6 +12,7 @@ from eft.service.jobs.wire import model_id
 from eft.service.requests.paths import resolve_under_roots
 from eft.service.serving.engine import AdapterSource, BaseSource
 from eft.service.serving.model_ids import checkpoint_model_id, parse_model_id
+from eft.service.serving.support import serving_engine
 from eft.service.settings import Settings
 from eft.service.store.store import JobRecord, Store
 from eft.types.jobs import JobStatus
@@ -45,8 +46,9 @@ class Models:
         found: dict[str, Model] = {}
         for root in self.settings.allowed_model_roots:
             for config in sorted(root.glob("*/config.json")) if root.is_dir() else ():
-                found.setdefault(config.parent.name, Model(id=config.parent.name, created=int(config.stat().st_mtime),
-                                                           owned_by="system"))
+                if config.parent.name not in found:
+                    found[config.parent.name] = Model(id=config.parent.name, created=int(config.stat().st_mtime),
+                                                      owned_by="system", engine=_engine(config))
         return list(found.values())
 
     def fine_tuned(self, tenant: str | None) -> list[JobRecord]:
@@ -102,6 +104,23 @@ class Models:
             if checkpoint["model"] == model and checkpoint["available"]:
                 return job, checkpoint
         raise ModelNotFound(model)
+
+
+def _engine(config_file: Any) -> str | None:
+    """The engine a base model is served with (service/serving/support.py), None for a config
+    that does not read as JSON."""
+    import json
+
+    try:
+        return serving_engine(json.loads(config_file.read_text()), cpu=not _gpu_model_servers())
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _gpu_model_servers() -> bool:
+    import os
+
+    return float(os.environ.get("EFT_INFERENCE_GPUS", "0") or 0) > 0
 
 
 def _fine_tuned(job: JobRecord) -> Model:

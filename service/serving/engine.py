@@ -84,6 +84,8 @@ class Request:
     #: Log-probabilities of the sampled tokens and this many most likely ones (None: none).
     logprobs: int | None = None
     system_message: str = "keep"
+    #: Who asks (the metrics' label; the API's limits are per tenant already).
+    tenant: str = ""
     #: Generate exactly max_tokens, past any end of sequence (benchmarks, as vLLM's ignore_eos).
     ignore_eos: bool = False
 

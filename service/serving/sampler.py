@@ -43,14 +43,15 @@ class _SamplerActor:
 
     async def sample(self, prompts: list[list[int]], n: int = 1, max_tokens: int = 256, temperature: float = 1.0,
                      top_p: float = 1.0, seed: int | None = None, adapter: AdapterSource | None = None,
-                     stop: list[str] | None = None) -> list[list[dict[str, Any]]]:
+                     stop: list[str] | None = None, ignore_eos: bool = False) -> list[list[dict[str, Any]]]:
         """`n` samples of each prompt (token ids), all in one batch; prompt i samples with seed
         `seed + i` (None: unseeded). Raises ValueError for a request the engine refuses."""
         await self.ready()
 
         async def group(index: int, ids: list[int]) -> list[dict[str, Any]]:
             request = Request(prompt_ids=ids, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=None if seed is None else seed + index, stop=list(stop or []), logprobs=0)
+                              seed=None if seed is None else seed + index, stop=list(stop or []), logprobs=0,
+                              ignore_eos=ignore_eos)
             samples = [{"token_ids": [], "logprobs": [], "text": "", "finish_reason": None} for _ in range(n)]
             async for item in self.engine.generate(adapter, request, max_tokens):
                 if "error" in item:

@@ -35,6 +35,7 @@ from eft.service.serving.engine import (
     prompt_ids,
 )
 from eft.service.serving.fetch import fetch
+from eft.service.serving.telemetry import ServingTelemetry
 
 log = logging.getLogger("eft.inference")
 
@@ -128,6 +129,11 @@ class VllmEngine:
         except Exception as exc:  # noqa: BLE001 - a model vLLM cannot load goes to the fallback
             raise UnsupportedModel(f"vLLM could not load it ({type(exc).__name__}: {exc})") from exc
         weakref.finalize(self, self.engine.shutdown)
+        cache = self.engine.vllm_config.cache_config
+        #: Tokens the KV cache holds: requests are admitted while the tokens they may reach fit.
+        self.kv_tokens = int((cache.num_gpu_blocks or 0) * cache.block_size) or None
+        self.reserved = 0
+        self.telemetry = ServingTelemetry(base.key)
         self.adapters: OrderedDict[str, _Loaded] = OrderedDict()
         self._ids = 0
         self._loading = asyncio.Lock()
@@ -208,6 +214,11 @@ class VllmEngine:
     def loaded(self) -> list[str]:
         return list(self.adapters)
 
+    @property
+    def errored(self) -> bool:
+        """vLLM's engine process died (every request now fails): the replica must be replaced."""
+        return bool(getattr(self.engine, "errored", False))
+
     # -- requests ---------------------------------------------------------------------------
     def sampling(self, request: Request, max_tokens: int) -> Any:
         from vllm import SamplingParams
@@ -217,7 +228,8 @@ class VllmEngine:
         return SamplingParams(
             n=1 if greedy else request.n, max_tokens=max_tokens, temperature=0.0 if greedy else request.temperature,
             top_p=1.0 if greedy else request.top_p, seed=request.seed, stop=list(request.stop) or None,
-            stop_token_ids=self.stop_ids, ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+            stop_token_ids=None if request.ignore_eos else self.stop_ids, ignore_eos=request.ignore_eos,
+            logprobs=request.logprobs,
             skip_special_tokens=True, output_kind=RequestOutputKind.DELTA)
 
     async def generate(self, adapter: AdapterSource | None, request: Request,
@@ -235,14 +247,30 @@ class VllmEngine:
             return
         # Greedy choices are all the same: one is generated and sent as each of them.
         copies = request.n if params.n == 1 else 1
+        # Admission by the KV cache: the tokens this request may reach, on top of those already
+        # reserved, must fit in it; otherwise vLLM would queue it behind the others (or preempt
+        # running ones to make room). A request that could never fit is refused outright.
+        need = (len(ids) + params.max_tokens) * params.n
+        refusal = admission(self.kv_tokens, self.reserved, need)
+        if refusal is not None:
+            yield {"error": refusal}
+            return
+        self.reserved += need
         if loaded is not None:
             loaded.users += 1
-        completion = 0
+        completion, first, started = 0, False, time.monotonic()
+        model = adapter.model if adapter is not None else self.base.key
+        self.telemetry.admitted()
+        self.telemetry.state(self.reserved / self.kv_tokens if self.kv_tokens else None, len(self.adapters))
         try:
             outputs = self.engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex,
                                            lora_request=loaded.request if loaded else None)
             async for output in outputs:
                 for choice in output.outputs:
+                    if choice.token_ids and not first:
+                        first = True
+                        self.telemetry.first_token(request.tenant, time.monotonic() - started)
+                    self.telemetry.tokens(model, request.tenant, len(choice.token_ids) * copies)
                     completion += len(choice.token_ids) * copies
                     item: dict[str, Any] | None = None
                     if choice.text or choice.token_ids:
@@ -257,8 +285,11 @@ class VllmEngine:
                         if reason is not None:
                             yield {"index": index, "finish_reason": reason}
         finally:
+            self.reserved -= need
             if loaded is not None:
                 loaded.users -= 1
+            self.telemetry.finished(first)
+            self.telemetry.state(self.reserved / self.kv_tokens if self.kv_tokens else None, len(self.adapters))
         yield {"usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
                          "total_tokens": len(ids) + completion}}
 
@@ -274,6 +305,21 @@ class VllmEngine:
             entries.append({**entry(token, ranked[token]),
                             "top": [entry(t, lp) for t, lp in top if t != token or lp.rank is not None]})
         return entries
+
+
+def admission(capacity: int | None, reserved: int, need: int, retry_after_s: int = 2) -> dict[str, Any] | None:
+    """None when a request that may reach `need` tokens fits the KV cache beside the `reserved`
+    ones; else the error it gets (400 when it could never fit, 429 while others hold the room)."""
+    if capacity is None or reserved + need <= capacity:
+        return None
+    if need > capacity:
+        return InferenceError(400, "context_length_exceeded",
+                              f"the prompt and max_tokens x n ({need} tokens) exceed what the model server's KV cache "
+                              f"holds ({capacity}): ask for fewer tokens or choices", "max_tokens").as_dict()
+    return {**InferenceError(429, "model_server_busy",
+                             f"the model server's KV cache is taken by other requests ({reserved} of {capacity} "
+                             f"tokens; this one needs {need}): retry shortly", None).as_dict(),
+            "retry_after_s": retry_after_s}
 
 
 def _base_path(base: BaseSource) -> str:

@@ -194,7 +194,7 @@ def test_eft_jobs_plot_writes_a_png(finished, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (800, 450)
 
 
-def test_ui_renders_the_job_list_and_a_job_page_with_a_chart(finished):
+def test_ui_renders_the_job_list_and_a_job_page_with_a_chart(finished, ray_cluster):
     url, job = finished["url"], finished["job"]
     key = (api.headers.get("authorization") or "").removeprefix("Bearer ")
     fragment = f"#key={key}" if key else ""
@@ -229,6 +229,19 @@ def test_ui_renders_the_job_list_and_a_job_page_with_a_chart(finished):
                                                   max_tokens=16, temperature=0).choices[0].message.content
         shown = re.search(rf'<pre id="{element}"[^>]*data-done="1"[^>]*>(.*?)</pre>', chatted, re.S)
         assert shown and shown.group(1) == html.escape(expected, quote=False), (element, expected)
+    # The model servers' metrics on Ray's endpoint: the tokens of each model (and tenant), and the
+    # time to the first token (the vLLM engine records them; Ray exports them every second).
+    from tests.helpers.metrics import scrape
+
+    deadline = time.monotonic() + 60
+    while True:
+        samples = scrape(ray_cluster["ray_metrics_url"])
+        tokens = {s.labels.get("model"): s.value for s in samples if s.name == "ray_eft_serving_generated_tokens_total"}
+        firsts = [s.value for s in samples if s.name == "ray_eft_serving_time_to_first_token_seconds_count"]
+        if job["fine_tuned_model"] in tokens or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert tokens.get(job["fine_tuned_model"], 0) >= 16 and sum(firsts) >= 4, (tokens, firsts)
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "ui-job.png"
     chromium(f"--screenshot={shot}", page_url)

@@ -101,7 +101,9 @@ def served(tmp_path_factory):
                         {"model": "ft:two:ckpt-1", "location": str(root / name / "checkpoint"), "kind": "checkpoint"}]
         families.append({"name": name, "path": path, "messages": messages, "prompts": prompts, "adapters": adapters})
     source, target = root / "in.json", root / "out.json"
-    source.write_text(json.dumps({"max_tokens": MAX_TOKENS, "cache_dir": str(root / "cache"), "families": families}))
+    support = [{"name": d.name, "path": str(d)} for d in sorted(MODELS.iterdir()) if (d / "config.json").is_file()]
+    source.write_text(json.dumps({"max_tokens": MAX_TOKENS, "cache_dir": str(root / "cache"), "families": families,
+                                  "support": support}))
     log = open(root / "vllm.log", "w")
     run = subprocess.Popen([str(SERVE_PYTHON), str(REPO / "tests" / "serving" / "vllm_greedy.py"), str(source),
                             str(target)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -122,8 +124,22 @@ def served(tmp_path_factory):
     return json.loads(target.read_text()), local, expected
 
 
+def test_the_service_lists_each_kit_model_with_the_engine_that_serves_it(served):
+    """service/serving/support.py decides from config.json alone what the model servers' vLLM
+    decides from its registry: the listing's `engine` is the truth on every model of the kit."""
+    from eft.service.serving.support import serving_engine
+
+    results = served[0]
+    support = results["_support"]
+    print("\nnot served by vLLM:", {name: why for name, why in support.items() if why} or "none")
+    for name, why in support.items():
+        listed = serving_engine(json.loads((MODELS / name / "config.json").read_text()))
+        assert listed == ("transformers" if why else "vllm"), (name, why)
+
+
 def test_every_chat_family_is_served_by_vllm_with_its_template_rendered_as_in_training(served):
     results, local, _ = served
+    results = {name: r for name, r in results.items() if not name.startswith("_")}
     unsupported = {name: r["unsupported"] for name, r in results.items() if "unsupported" in r}
     print("\nnot served by vLLM:", unsupported or "none")
     assert unsupported == {}

@@ -71,6 +71,16 @@ async def main(source: str, target: str) -> None:
         print(family["name"], {k: v for k, v in results[family["name"]].items() if k.endswith("_s")}, flush=True)
 
     await asyncio.gather(*(one(family) for family in spec["families"]))
+    # Whether vLLM here serves each of the given models with LoRA (no engine started).
+    from eft.service.serving.vllm_engine import UnsupportedModel, _supports
+
+    results["_support"] = {}
+    for model in spec.get("support", []):
+        try:
+            _supports(model["path"])
+            results["_support"][model["name"]] = None
+        except UnsupportedModel as exc:
+            results["_support"][model["name"]] = str(exc)
     with open(target, "w") as handle:
         json.dump(results, handle)
 
