@@ -88,3 +88,11 @@ class ServingTelemetry:
         if kv_reserved is not None:
             self._do("kv", "set", kv_reserved)
         self._do("adapters", "set", adapters)
+
+
+def exported_names() -> set[str]:
+    """Prometheus series names of these metrics as Ray exports them (a `ray_` prefix; counters
+    end in `_total`, histograms give `_bucket`, `_count` and `_sum`)."""
+    return {"ray_eft_serving_generated_tokens_total", "ray_eft_serving_requests_running",
+            "ray_eft_serving_requests_waiting", "ray_eft_serving_kv_cache_reserved", "ray_eft_serving_adapters_loaded",
+            *(f"ray_eft_serving_time_to_first_token_seconds_{s}" for s in ("bucket", "count", "sum"))}

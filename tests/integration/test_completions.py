@@ -182,7 +182,7 @@ def test_stop_strings_seeds_text_completions_and_refusals(env):
     assert err.value.body["param"] == "messages"
     # An adapter whose weights do not load answers with an error and leaves the model as it
     # was: no half-loaded adapter stays, and the base model answers as before.
-    from openai import InternalServerError
+    from openai import BadRequestError, InternalServerError
 
     broken, _, _ = _job(clients["acme"], store, "tiny-llama", tmp / "broken", 3, "broken")
     (tmp / "broken" / "published" / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
@@ -192,10 +192,20 @@ def test_stop_strings_seeds_text_completions_and_refusals(env):
     engine = models.engines[str(MODELS / "tiny-llama")]
     assert broken["fine_tuned_model"] not in engine.loaded()
     assert not any(n for n in engine.peft.peft_config if n not in engine.adapters.values())
+    # n choices (one after another on transformers' fallback engine: the same at temperature 0);
+    # log-probabilities are the vLLM engine's only, and this engine says so with a 400.
+    one = acme.chat.completions.create(model="tiny-llama", messages=QUESTION, max_tokens=4, temperature=0)
+    two = acme.chat.completions.create(model="tiny-llama", messages=QUESTION, max_tokens=4, n=2, temperature=0)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert two.choices[0].message.content == two.choices[1].message.content == one.choices[0].message.content
+    assert two.usage.completion_tokens == 2 * one.usage.completion_tokens
+    with pytest.raises(BadRequestError) as err:
+        acme.chat.completions.create(model="tiny-llama", messages=QUESTION, max_tokens=4, logprobs=True)
+    assert err.value.body["code"] == "logprobs_not_supported" and err.value.body["param"] == "logprobs"
     base_reply = acme.completions.create(model="tiny-llama", prompt="The cat", max_tokens=24, temperature=0)
     assert base_reply.choices[0].text == reference_reply(MODELS / "tiny-llama", None, prompt="The cat", max_new_tokens=24)
     # Parameters the service does not take: 422 naming each.
-    for extra, param in (({"n": 2}, "n"), ({"temperature": 2.5}, "temperature"), ({"stop": ["a"] * 5}, "stop")):
+    for extra, param in (({"n": 17}, "n"), ({"temperature": 2.5}, "temperature"), ({"stop": ["a"] * 5}, "stop")):
         with pytest.raises(UnprocessableEntityError) as err:
             acme.chat.completions.create(model=model, messages=QUESTION, **extra)
         assert param in json.dumps(err.value.body)

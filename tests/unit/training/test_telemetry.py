@@ -7,6 +7,7 @@ import re
 import yaml
 
 from eft.service import metrics as service_metrics
+from eft.service.serving import telemetry as serving_telemetry
 from eft.planner.architectures import architecture_from_config
 from eft.service.runs.entrypoint import model_flops_per_token
 from eft.training import telemetry
@@ -55,12 +56,13 @@ def _queries(dashboard: dict) -> list[str]:
 
 
 PROMQL_WORDS = {"sum", "by", "rate", "increase", "histogram_quantile", "max", "le", "label_values",
-                "job_id", "job_name", "status", "route", "reason", "memory", "rank", "h"}
+                "job_id", "job_name", "status", "route", "reason", "memory", "rank", "h", "m", "base_model",
+                "model", "tenant"}
 
 
 def test_every_grafana_query_names_an_exported_metric():
     dashboard = json.loads((REPO / "deploy" / "grafana" / "eft-dashboard.json").read_text())
-    exported = telemetry.exported_names() | service_metrics.metric_names()
+    exported = telemetry.exported_names() | service_metrics.metric_names() | serving_telemetry.exported_names()
     queries = _queries(dashboard)
     assert len(queries) >= 20
     used = set()
@@ -74,7 +76,8 @@ def test_every_grafana_query_names_an_exported_metric():
         used |= names
     # Both views are covered: service metrics and training metrics.
     assert {"eft_jobs", "eft_queue_depth", "ray_eft_train_loss", "ray_eft_train_tokens_per_second",
-            "ray_eft_train_peak_memory_bytes", "ray_eft_train_restarts_total"} <= used
+            "ray_eft_train_peak_memory_bytes", "ray_eft_train_restarts_total",
+            "ray_eft_serving_generated_tokens_total", "ray_eft_serving_time_to_first_token_seconds_bucket"} <= used
 
 
 def test_prometheus_config_scrapes_ray_discovery_file_and_the_service():
