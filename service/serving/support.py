@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 #: Text-generation architectures vLLM serves with LoRA adapters (a subset of vLLM 0.32's
-#: `ModelRegistry` whose classes support LoRA: the families fine-tuned here).
+#: `ModelRegistry` whose classes support LoRA: the families fine-tuned here). Not in it: GPT-2,
+#: Bloom and StarCoder2 (no LoRA in vLLM), Gemma 3's multimodal model (its image code needs
+#: torchvision, which the CPU environment leaves out).
 VLLM_LORA_ARCHITECTURES = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GemmaForCausalLM",
-    "Phi3ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM", "OPTForCausalLM", "BloomForCausalLM",
-    "Olmo2ForCausalLM", "OlmoForCausalLM", "GraniteForCausalLM", "StarCoder2ForCausalLM", "Gemma3ForConditionalGeneration",
+    "Phi3ForCausalLM", "GPTNeoXForCausalLM", "OPTForCausalLM", "Olmo2ForCausalLM", "OlmoForCausalLM",
+    "GraniteForCausalLM",
 })
 #: Head sizes vLLM's CPU attention computes (vllm/v1/attention/backends/cpu_attn.py).
 VLLM_CPU_HEAD_SIZES = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})

@@ -66,7 +66,11 @@ def _supports(path: str) -> None:
     served = [a for a in architectures if a in ModelRegistry.models]
     if not served:
         raise UnsupportedModel(f"vLLM has no implementation of {architectures or 'its architecture'}")
-    if not supports_lora(ModelRegistry.models[served[0]].load_model_cls()):
+    try:
+        model_cls = ModelRegistry.models[served[0]].load_model_cls()
+    except Exception as exc:  # noqa: BLE001 - e.g. a multimodal model whose image code needs torchvision
+        raise UnsupportedModel(f"vLLM's {served[0]} does not load here ({type(exc).__name__}: {exc})") from None
+    if not supports_lora(model_cls):
         raise UnsupportedModel(f"vLLM does not serve LoRA adapters on {served[0]}")
     import torch
 
