@@ -69,6 +69,10 @@ class _SamplerActor:
 
         return list(await asyncio.gather(*(group(i, list(ids)) for i, ids in enumerate(prompts))))
 
+    async def generating(self) -> int:
+        """Requests the engine is still generating (a cancelled `sample` call's are aborted)."""
+        return self.engine.generating() if self.engine is not None else 0
+
     async def adapters(self) -> list[str]:
         return self.engine.loaded() if self.engine is not None else []
 

@@ -218,6 +218,10 @@ class VllmEngine:
     def loaded(self) -> list[str]:
         return list(self.adapters)
 
+    def generating(self) -> int:
+        """Requests vLLM has not finished (a caller that left has its request aborted: 0 once idle)."""
+        return int(self.engine.get_num_unfinished_requests())
+
     @property
     def errored(self) -> bool:
         """vLLM's engine process died (every request now fails): the replica must be replaced."""

@@ -107,3 +107,23 @@ def test_a_short_request_is_not_held_behind_another_callers_flood(sampler):
           f"({flooded / alone:.2f}x)")
     assert flooded <= 3 * alone, (alone, flooded)
     assert all(len(group[0]["token_ids"]) == 256 for group in ray.get(flood))
+
+
+def test_a_caller_that_leaves_has_its_requests_aborted_in_the_engine(sampler):
+    """Cancelling a `sample` call (a trainer's worker gone, an API client that left) aborts its
+    requests in vLLM instead of generating for nobody: 256 requests of 480 tokens (over 120k tokens,
+    tens of seconds of generation here) are gone from the engine within seconds of the cancel."""
+    import time
+
+    handle, _, _ = sampler
+    long = handle.sample.remote(PROMPTS * 128, n=1, max_tokens=480, temperature=1.0, seed=2, ignore_eos=True)
+    deadline = time.monotonic() + 60
+    while ray.get(handle.generating.remote()) < 256:  # every request is in the engine
+        assert time.monotonic() < deadline, "the requests never reached the engine"
+    ray.cancel(long)
+    cancelled = time.monotonic()
+    with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.RayTaskError)):
+        ray.get(long, timeout=60)
+    while (left := ray.get(handle.generating.remote())) > 0:
+        assert time.monotonic() - cancelled < 5, f"{left} cancelled requests kept generating"
+    print(f"\n256 requests aborted {time.monotonic() - cancelled:.2f} s after the cancel")
