@@ -4,7 +4,9 @@ adapters trained on them, and the API's way of calling it.
 `ModelServer` replicas load base models on demand through Serve's model multiplexing (keyed
 by base model, at most `EFT_INFERENCE_BASE_MODELS_PER_REPLICA` per replica, least recently used
 dropped), so the requests for one base model go to the replicas that hold it; each base model
-carries many adapters (service/serving/engine.py). The deployment autoscales on ongoing requests
+is one engine (service/serving/engines.py: vLLM's, batching every request and adapter, or
+transformers' as the fallback) carrying many adapters. The replicas run the model servers' own
+Python environment (api/serve_config.py:model_server). The deployment autoscales on ongoing requests
 and down to zero replicas when idle; a request that finds none waits while one starts.
 
 The API replica calls it through a deployment handle (`ServeModels`); it imports nothing of
@@ -38,9 +40,10 @@ class ModelsUnavailable(ServiceError):
         self.headers = {"Retry-After": str(retry_after_s)}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=32,
+# The defaults api/serve_config.py:model_server gives (every deployment passes its own options).
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=64,
                   autoscaling_config={"min_replicas": 0, "initial_replicas": 0, "max_replicas": 1,
-                                      "target_ongoing_requests": 4, "downscale_delay_s": 300})
+                                      "target_ongoing_requests": 32, "downscale_delay_s": 300})
 class ModelServer:
     def __init__(self) -> None:
         from eft.service import credentials, jsonlog
