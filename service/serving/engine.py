@@ -21,7 +21,9 @@ before anything else. Closing the stream (a client that went away) stops the gen
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("eft.inference")
@@ -29,6 +31,8 @@ log = logging.getLogger("eft.inference")
 #: Files of a checkpoint a server needs (the optimizer state is not one of them).
 CHECKPOINT_FILES = ("trainable.safetensors", "adapter/adapter_config.json")
 ENGINES = ("auto", "vllm", "transformers")
+#: The adapter's name in a checkpoint's parameter names (`...lora_A.default.weight`).
+CHECKPOINT_ADAPTER_NAME = re.compile(r"\.default(?=\.)")
 
 
 class InferenceError(Exception):
@@ -88,6 +92,22 @@ class Request:
     tenant: str = ""
     #: Generate exactly max_tokens, past any end of sequence (benchmarks, as vLLM's ignore_eos).
     ignore_eos: bool = False
+
+
+def adapter_config_dir(adapter: "AdapterSource", directory: Path) -> Path:
+    """Where the adapter's `adapter_config.json` is among its files (a checkpoint keeps it under
+    `adapter/`). Raises InferenceError (409) when there is none: a full fine-tuning job's model,
+    or a checkpoint an older version wrote."""
+    config_dir = directory / "adapter" if adapter.kind == "checkpoint" else directory
+    if (config_dir / "adapter_config.json").is_file():
+        return config_dir
+    if adapter.kind == "checkpoint":
+        raise InferenceError(409, "checkpoint_not_servable",
+                             f"checkpoint {adapter.model} holds no adapter config (it was written by an older "
+                             "version, or by a full fine-tuning job): sample the job's final model", "model")
+    raise InferenceError(409, "model_not_servable",
+                         f"{adapter.model} is not a LoRA adapter (a full fine-tuning job's model): download it "
+                         "and serve it as a base model", "model")
 
 
 def context_length(config: Any, tokenizer: Any) -> int:

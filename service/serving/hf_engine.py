@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import shutil
 import threading
 import uuid
@@ -32,14 +31,13 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 from eft.service.serving.engine import (
-    CHECKPOINT_FILES, AdapterSource, BaseSource, InferenceError, Request, budget, context_length, first_stop, held_back,
+    CHECKPOINT_ADAPTER_NAME, CHECKPOINT_FILES, AdapterSource, BaseSource, InferenceError, Request, adapter_config_dir, budget, context_length, first_stop, held_back,
     prompt_ids,
 )
 from eft.service.serving.fetch import fetch
 
 log = logging.getLogger("eft.inference")
 
-_ADAPTER_SUFFIX = re.compile(r"\.default(?=\.)")
 
 
 class Engine:
@@ -105,16 +103,7 @@ class Engine:
         from peft import LoraConfig, PeftModel
 
         checkpoint = adapter.kind == "checkpoint"
-        config_dir = directory / "adapter" if checkpoint else directory
-        if not (config_dir / "adapter_config.json").is_file():
-            if checkpoint:
-                raise InferenceError(409, "checkpoint_not_servable",
-                                     f"checkpoint {adapter.model} holds no adapter config (it was written by an "
-                                     "older version, or by a full fine-tuning job): sample the job's final model",
-                                     "model")
-            raise InferenceError(409, "model_not_servable",
-                                 f"{adapter.model} is not a LoRA adapter (a full fine-tuning job's model): "
-                                 "download it and serve it as a base model", "model")
+        config_dir = adapter_config_dir(adapter, directory)
         config = LoraConfig.from_pretrained(str(config_dir))
         config.inference_mode = True
         if self.peft is None:
@@ -147,7 +136,7 @@ class Engine:
 
         state = load_trainable(path.parent)
         params = dict(self.peft.named_parameters())
-        renamed = {_ADAPTER_SUFFIX.sub(f".{name}", key): value for key, value in state.items()}
+        renamed = {CHECKPOINT_ADAPTER_NAME.sub(f".{name}", key): value for key, value in state.items()}
         unknown = [key for key in renamed if key not in params]
         missing = [key for key in params if f".{name}." in key and key not in renamed]
         if unknown or missing:

@@ -20,7 +20,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
@@ -31,15 +30,16 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from eft.service.serving.engine import (
-    CHECKPOINT_FILES, AdapterSource, BaseSource, EngineOptions, InferenceError, Request, budget, context_length,
+    CHECKPOINT_ADAPTER_NAME, CHECKPOINT_FILES, AdapterSource, BaseSource, EngineOptions, InferenceError, Request, adapter_config_dir, budget,
+    context_length,
     prompt_ids,
 )
 from eft.service.serving.fetch import fetch
+from eft.service.serving.support import head_size
 from eft.service.serving.telemetry import ServingTelemetry
 
 log = logging.getLogger("eft.inference")
 
-_ADAPTER_NAME = re.compile(r"\.default(?=\.)")
 #: The adapter ranks vLLM's LoRA kernels take (its max_lora_rank must be one of them).
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -77,9 +77,7 @@ def _supports(path: str) -> None:
     if not torch.cuda.is_available():  # the CPU kernels take some head sizes only (they fail at the first step)
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-        text = getattr(config, "text_config", None) or config
-        heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None)
-        size = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+        size = head_size(config.to_dict())
         if size not in CPUAttentionBackend.get_supported_head_sizes():
             raise UnsupportedModel(f"vLLM's CPU attention has no kernel for heads of size {size} "
                                    f"(it takes {CPUAttentionBackend.get_supported_head_sizes()})")
@@ -200,8 +198,7 @@ class VllmEngine:
                                  "model") from None
         copy = directory if copied else None
         try:
-            config_dir = directory / "adapter" if checkpoint else directory
-            config = _adapter_config(adapter, config_dir)
+            config = json.loads((adapter_config_dir(adapter, directory) / "adapter_config.json").read_text())
             rank = max([int(config.get("r", 0))] + [int(r) for r in (config.get("rank_pattern") or {}).values()])
             if rank > self.max_rank:
                 raise InferenceError(409, "model_not_servable",
@@ -338,19 +335,6 @@ def _base_path(base: BaseSource) -> str:
     return base.path
 
 
-def _adapter_config(adapter: AdapterSource, config_dir: Path) -> dict[str, Any]:
-    path = config_dir / "adapter_config.json"
-    if not path.is_file():
-        if adapter.kind == "checkpoint":
-            raise InferenceError(409, "checkpoint_not_servable",
-                                 f"checkpoint {adapter.model} holds no adapter config (it was written by an older "
-                                 "version, or by a full fine-tuning job): sample the job's final model", "model")
-        raise InferenceError(409, "model_not_servable",
-                             f"{adapter.model} is not a LoRA adapter (a full fine-tuning job's model): download it "
-                             "and serve it as a base model", "model")
-    return json.loads(path.read_text())
-
-
 def _checkpoint_as_peft(adapter: AdapterSource, directory: Path) -> Path:
     """The checkpoint's LoRA weights as PEFT saves an adapter (names without the adapter's name),
     beside its config, in `directory/peft`."""
@@ -371,7 +355,7 @@ def _checkpoint_as_peft(adapter: AdapterSource, directory: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     shutil.copy(directory / CHECKPOINT_FILES[1], staging / "adapter_config.json")
-    save_file({_ADAPTER_NAME.sub("", key): value.contiguous() for key, value in state.items()},
+    save_file({CHECKPOINT_ADAPTER_NAME.sub("", key): value.contiguous() for key, value in state.items()},
               str(staging / "adapter_model.safetensors"))
     staging.rename(target)
     return target
