@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator
 from ray import serve
 
 from eft.service.errors import ServiceError
-from eft.service.serving.engine import AdapterSource, BaseSource, Request
+from eft.service.serving.engine import AdapterSource, BaseSource, InferenceError, Request
 
 #: Base models one replica holds at once (Serve's `max_num_models_per_replica`).
 BASE_MODELS_PER_REPLICA = int(os.environ.get("EFT_INFERENCE_BASE_MODELS_PER_REPLICA", "2"))
@@ -82,6 +82,9 @@ class ModelServer:
         self.sources[source.key] = source
         try:
             engine = await self.engine(source.key)
+        except InferenceError as exc:  # a base model the replica has no room for: what to change
+            yield {"error": exc.as_dict()}
+            return
         except Exception as exc:  # noqa: BLE001 - the caller gets it as a 500 in the envelope
             yield {"error": {"status": 500, "code": "model_load_failed", "param": "model",
                              "message": f"the model server could not load {source.key}: {type(exc).__name__}: {exc}"}}

@@ -49,13 +49,18 @@ MODEL_SERVER = "ModelServer"
 
 def model_server(env: dict[str, str], python: str | None = None) -> dict[str, Any]:
     """The model servers (api/inference.py): they scale with ongoing completions, down to zero
-    replicas after `EFT_INFERENCE_IDLE_S` idle seconds. Each takes `EFT_INFERENCE_CPUS` CPUs
-    and `EFT_INFERENCE_GPUS` GPUs, and runs `python` (serving_python: vLLM's environment) with
+    replicas after `EFT_INFERENCE_IDLE_S` idle seconds. Each takes `EFT_INFERENCE_CPUS` CPUs,
+    `EFT_INFERENCE_GPUS` GPUs (a fraction shares one: vLLM then takes that fraction of it) and,
+    where set, `EFT_INFERENCE_MEMORY_GB` of its node's memory, and runs `python` (serving_python: vLLM's environment) with
     the service's variables; the engine (vLLM, or transformers' as the fallback) batches up to
     `max_ongoing_requests` requests at once."""
     resources: dict[str, Any] = {"num_cpus": float(env.get("EFT_INFERENCE_CPUS", 1))}
     if float(env.get("EFT_INFERENCE_GPUS", 0)):
         resources["num_gpus"] = float(env["EFT_INFERENCE_GPUS"])
+    if float(env.get("EFT_INFERENCE_MEMORY_GB", 0)):
+        # Reserved through Ray: training workers and exports are not placed into it, and each
+        # engine is checked against its part before it starts (eft/planner/serving.py).
+        resources["memory"] = int(float(env["EFT_INFERENCE_MEMORY_GB"]) * 1e9)
     runtime_env: dict[str, Any] = {"env_vars": dict(env)}
     if python:
         runtime_env["py_executable"] = python

@@ -11,7 +11,9 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
+from eft.planner.architectures import PlannerError
 from eft.planner.memory import MemoryEstimate, estimate_memory
+from eft.planner.serving import GIB, serving_memory
 from eft.planner.spec import (
     OFFLOADS,
     OFFLOADS_BY_STRATEGY,
@@ -89,7 +91,25 @@ class Plan:
                  "trainable_parameters": spec.trainable_parameters}
         return {"model": model, "chosen": self.chosen.to_dict() if self.chosen else None,
                 "why": list(self.why), "candidates": [c.to_dict() for c in self.candidates],
-                "suggestions": [s.to_dict() for s in self.suggestions], "notes": list(self.notes)}
+                "suggestions": [s.to_dict() for s in self.suggestions], "notes": list(self.notes),
+                "serving": serving_plan(spec)}
+
+
+def serving_plan(spec: PlanSpec) -> dict[str, Any]:
+    """The model server for the job's result on one such GPU (or CPU node), at the serving
+    settings' defaults: its memory term by term (GB), the KV cache's tokens, and whether the base
+    fits the server's share of the device (eft/planner/serving.py)."""
+    gpu = spec.device != "cpu"
+    utilization = 0.85
+    try:
+        memory = serving_memory(spec.architecture, gpu, device_gb=spec.gpu_memory_gb * 1e9 / GIB,
+                                gpu_memory_utilization=utilization, max_lora_rank=max(64, spec.lora_r))
+    except PlannerError as exc:
+        return {"fits": False, "reason": str(exc), "gpu_memory_utilization": utilization if gpu else None}
+    terms = {name: round(getattr(memory, name) / 1e9, 3)
+             for name in ("weights", "lora_slots", "activations", "kv_cache", "context", "total")}
+    return {"fits": True, "reason": "", "gpu_memory_utilization": utilization if gpu else None,
+            "memory_gb": terms, "kv_tokens": memory.kv_tokens}
 
 
 def configurations(spec: PlanSpec) -> tuple[tuple[Configuration, ...], tuple[str, ...]]:

@@ -73,6 +73,28 @@ class PlanModel(_Response):
     method: str
 
 
+class PlanServingMemory(_Response):
+    """A model server's engine, GB (10^9 bytes), term by term (eft/planner/serving.py)."""
+
+    weights: float
+    lora_slots: float = Field(description="The LoRA slots vLLM allocates up front (4 adapters of rank 64 per batch).")
+    activations: float = Field(description="One scheduled step's activations and sampled logits.")
+    kv_cache: float = Field(description="On a GPU what the share leaves; on a CPU node what the operator gives.")
+    context: float = Field(description="The CUDA context and workspaces.")
+    total: float
+
+
+class PlanServing(_Response):
+    """The model server for the job's result on one GPU of the cluster (or a CPU node), at the
+    serving settings' defaults."""
+
+    fits: bool
+    reason: str = ""
+    gpu_memory_utilization: float | None = Field(None, description="The share of the GPU vLLM takes.")
+    memory_gb: PlanServingMemory | None = None
+    kv_tokens: int | None = Field(None, description="Tokens the KV cache holds, all requests together.")
+
+
 class Plan(_Response):
     """Every candidate configuration, fitting and fastest first, and the chosen one (null when
     none fits; `suggestions` then lists the nearest changes that fit)."""
@@ -83,3 +105,4 @@ class Plan(_Response):
     candidates: list[PlanCandidate]
     suggestions: list[PlanSuggestion] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    serving: PlanServing | None = None

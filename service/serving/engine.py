@@ -21,10 +21,11 @@ before anything else. Closing the stream (a client that went away) stops the gen
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 log = logging.getLogger("eft.inference")
 
@@ -193,10 +194,20 @@ class EngineOptions:
     max_model_len: int = 4096
     kv_cache_gb: float = 1.0
     gpu_memory_utilization: float = 0.85
+    #: What the replica holds (api/serve_config.py:model_server): GPUs (a fraction of one shares
+    #: it), its node's memory in GB (None: not reserved), and the base models it may hold at once.
+    gpu_share: float = 1.0
+    host_memory_gb: float | None = None
+    base_models: int = 2
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "EngineOptions":
-        return cls(cache_dir=str(settings.home / "cache" / "models"), max_adapters=settings.inference_max_adapters,
+    def from_settings(cls, settings: Any, env: Mapping[str, str] | None = None) -> "EngineOptions":
+        env = os.environ if env is None else env
+        memory = env.get("EFT_INFERENCE_MEMORY_GB")
+        return cls(gpu_share=float(env.get("EFT_INFERENCE_GPUS") or 1) or 1.0,
+                   host_memory_gb=float(memory) if memory else None,
+                   base_models=int(env.get("EFT_INFERENCE_BASE_MODELS_PER_REPLICA") or 2),
+                   cache_dir=str(settings.home / "cache" / "models"), max_adapters=settings.inference_max_adapters,
                    engine=settings.inference_engine, max_lora_rank=settings.inference_max_lora_rank,
                    adapters_per_batch=settings.inference_adapters_per_batch,
                    max_model_len=settings.inference_max_model_len, kv_cache_gb=settings.inference_kv_cache_gb,

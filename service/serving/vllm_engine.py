@@ -35,6 +35,7 @@ from eft.service.serving.engine import (
     prompt_ids,
 )
 from eft.service.serving.fetch import fetch
+from eft.planner.serving import share_utilization
 from eft.service.serving.support import head_size
 from eft.service.serving.telemetry import ServingTelemetry
 
@@ -53,6 +54,28 @@ def _cpu_environment() -> None:
     starts. Binding threads to cores suits a machine of its own; beside Ray workers sharing the
     cores it does not, so it is off unless the operator sets it."""
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def planned_memory(path: str, options: EngineOptions, device_bytes: int | None) -> Any:
+    """The planner's memory of this base model's engine in what the replica holds
+    (eft/planner/serving.py:server_memory); a 409 naming the setting to change when it does not fit."""
+    from eft.planner.architectures import PlannerError, architecture_from_config
+    from eft.planner.serving import server_memory
+
+    try:
+        arch = architecture_from_config(path)
+    except PlannerError as exc:  # a config the planner cannot read: vLLM sizes it alone
+        log.warning("no memory plan for %s: %s", path, exc)
+        return None
+    try:
+        return server_memory(
+            arch, gpu=device_bytes is not None,
+            device_gb=device_bytes / 2**30 if device_bytes else None, gpu_share=options.gpu_share,
+            host_memory_gb=options.host_memory_gb, base_models=options.base_models,
+            adapters_per_batch=options.adapters_per_batch, max_lora_rank=options.max_lora_rank,
+            kv_cache_gb=options.kv_cache_gb, gpu_memory_utilization=options.gpu_memory_utilization)
+    except PlannerError as exc:
+        raise InferenceError(409, "model_server_too_small", str(exc), "model") from None
 
 
 def _supports(path: str) -> None:
@@ -120,11 +143,14 @@ class VllmEngine:
         self.context = min(context_length(AutoConfig.from_pretrained(path), self.tokenizer), options.max_model_len)
         self.max_rank = min(r for r in VLLM_RANKS if r >= options.max_lora_rank)
         cpu = not torch.cuda.is_available()
+        #: The engine's memory, term by term, checked against what the replica holds.
+        self.memory = planned_memory(path, options, None if cpu else torch.cuda.get_device_properties(0).total_memory)
+        utilization = share_utilization(options.gpu_share, options.gpu_memory_utilization)
         args = AsyncEngineArgs(
             model=path, tokenizer=path, dtype="float32" if cpu else "auto", max_model_len=self.context,
             enable_lora=True, max_lora_rank=self.max_rank, max_loras=max(1, options.adapters_per_batch),
             max_cpu_loras=max(options.adapters_per_batch, options.max_adapters), enforce_eager=cpu,
-            gpu_memory_utilization=options.gpu_memory_utilization, seed=0,
+            gpu_memory_utilization=utilization, seed=0,
             kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30) if cpu else None)
         try:
             self.engine = AsyncLLM.from_engine_args(args)

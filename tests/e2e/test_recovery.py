@@ -46,22 +46,33 @@ def faults(service):
             "kill": post(url, lora_body("kill-a-worker", STEPS)),
             "driver": post(url, lora_body("lose-the-driver", STEPS)),
             "diverges": post(url, diverges)}
-    latest = {}
+    latest: dict[str, int] = {}
 
-    kill = jobs["kill"]["id"]
-    latest["kill"] = until("a checkpoint Ray Train has registered", lambda: checkpointed(url, kill, 40))
-    # This job's workers: the others' train beside them.
-    pids = worker_pids(service["dashboard_url"], fetch(url, kill))
-    assert len(pids) == 2, pids
-    os.kill(pids[1], signal.SIGKILL)
+    def kill_a_worker(job_id: str) -> None:
+        pids = worker_pids(service["dashboard_url"], fetch(url, job_id))  # the others' train beside them
+        assert len(pids) == 2, pids
+        os.kill(pids[1], signal.SIGKILL)
 
-    lose = jobs["driver"]["id"]
-    latest["driver"] = until("a checkpoint Ray Train has registered", lambda: checkpointed(url, lose, 40))
-    driver = subprocess.run(["pgrep", "-f", f"eft.service.runs.entrypoint --job-id {lose} --attempt 1"],
-                            capture_output=True, text=True).stdout.split()
-    assert driver, "no driver process found"  # the driver, and the shell Ray Jobs started it with
-    for pid in driver:
-        os.kill(int(pid), signal.SIGKILL)
+    def lose_the_driver(job_id: str) -> None:
+        driver = subprocess.run(["pgrep", "-f", f"eft.service.runs.entrypoint --job-id {job_id} --attempt 1"],
+                                capture_output=True, text=True).stdout.split()
+        assert driver, "no driver process found"  # the driver, and the shell Ray Jobs started it with
+        for pid in driver:
+            os.kill(int(pid), signal.SIGKILL)
+
+    faults_left = {"kill": kill_a_worker, "driver": lose_the_driver}
+
+    def inject_when_checkpointed() -> bool:
+        # Both jobs are watched at once: a fault waiting for the other's would find its job
+        # finished on a fast machine.
+        for name in list(faults_left):
+            step = checkpointed(url, jobs[name]["id"], 40)
+            if step:
+                latest[name] = step
+                faults_left.pop(name)(jobs[name]["id"])
+        return not faults_left
+
+    until("a checkpoint Ray Train has registered, in each job to break", inject_when_checkpointed)
     return {**jobs, "latest": latest}
 
 

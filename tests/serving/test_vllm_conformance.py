@@ -103,7 +103,8 @@ def served(tmp_path_factory):
     source, target = root / "in.json", root / "out.json"
     support = [{"name": d.name, "path": str(d)} for d in sorted(MODELS.iterdir()) if (d / "config.json").is_file()]
     source.write_text(json.dumps({"max_tokens": MAX_TOKENS, "cache_dir": str(root / "cache"), "families": families,
-                                  "support": support}))
+                                  "support": support, "too_small": {"path": str(MODELS / "tiny-llama"),
+                                                                    "host_memory_gb": 1.0}}))
     log = open(root / "vllm.log", "w")
     run = subprocess.Popen([str(SERVE_PYTHON), str(REPO / "tests" / "serving" / "vllm_greedy.py"), str(source),
                             str(target)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -145,6 +146,15 @@ def test_every_chat_family_is_served_by_vllm_with_its_template_rendered_as_in_tr
     assert unsupported == {}
     for name, result in results.items():  # the model servers' transformers renders the chats as training's
         assert result["rendered"] == local[name]["prompts"], name
+
+
+def test_a_base_model_larger_than_the_replica_holds_is_refused_before_vllm_starts(served):
+    """1 GB reserved for two base models: tiny-llama's engine alone wants its 1 GiB KV cache
+    (EFT_INFERENCE_KV_CACHE_GB) beside its weights, so it is refused with what to change."""
+    refused = served[0]["_too_small"]
+    assert refused is not None, "the engine started in less memory than it takes"
+    assert refused["status"] == 409 and refused["code"] == "model_server_too_small", refused
+    assert "EFT_INFERENCE_MEMORY_GB" in refused["message"] and "KV cache 1.00 GiB" in refused["message"]
 
 
 @pytest.mark.parametrize("family", GREEDY)

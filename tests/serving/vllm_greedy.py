@@ -10,7 +10,8 @@ IN holds {"max_tokens", "cache_dir", "families": [{"name", "path", "messages": [
 once (one continuous batch mixing them); a family given no adapters has its chats rendered
 only. OUT holds per family the engine's start time, the
 prompts as this environment's transformers renders `messages`, and the completions' token ids
-per model ("" the base), or the reason vLLM does not serve the family.
+per model ("" the base), or the reason vLLM does not serve the family; and the refusal of a base
+model given more than a replica holds (`too_small`: {"path", "host_memory_gb"}).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ async def main(source: str, target: str) -> None:
 
     await asyncio.gather(*(one(family) for family in spec["families"]))
     # Whether vLLM here serves each of the given models with LoRA (no engine started).
-    from eft.service.serving.vllm_engine import UnsupportedModel, _supports
+    from eft.service.serving.engine import BaseSource
+    from eft.service.serving.vllm_engine import UnsupportedModel, VllmEngine, _supports
 
     results["_support"] = {}
     for model in spec.get("support", []):
@@ -81,6 +83,16 @@ async def main(source: str, target: str) -> None:
             results["_support"][model["name"]] = None
         except UnsupportedModel as exc:
             results["_support"][model["name"]] = str(exc)
+    # A base model larger than what the replica holds is refused before vLLM starts anything.
+    if "too_small" in spec:
+        from eft.service.serving.engine import EngineOptions, InferenceError
+
+        try:
+            VllmEngine(BaseSource(spec["too_small"]["path"]), EngineOptions(
+                cache_dir=spec["cache_dir"], host_memory_gb=spec["too_small"]["host_memory_gb"], base_models=2))
+            results["_too_small"] = None
+        except InferenceError as exc:
+            results["_too_small"] = exc.as_dict()
     with open(target, "w") as handle:
         json.dump(results, handle)
 

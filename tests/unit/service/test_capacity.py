@@ -104,3 +104,13 @@ def test_a_node_group_of_a_gpu_type_is_a_pool_of_that_type_before_its_nodes_exis
     assert picture.pools["H200"].slots == 0 and picture.pools["H200"].ceiling == 16
     assert picture.gpu_memory == {"L4": 24, "H200": 141}
     assert picture.pools_for(shape_of({"use_gpu": True}, plan={"predicted_memory_gb": 100.0})) == {"H200"}
+
+
+def test_a_gpu_part_held_by_a_model_server_is_no_training_slot():
+    """A model server replica on half a GPU (EFT_INFERENCE_GPUS=0.5) holds that GPU: training
+    workers, a whole GPU each, are planned on the other GPUs only; CPU pools count its CPU."""
+    node = _node(0, {"CPU": 16, "GPU": 8, "accelerator_type:H100": 1}, {"CPU": 15, "GPU": 7.5})
+    picture = pools([node], SETTINGS)
+    assert picture.free_now["H100"] == 7 and picture.pools["H100"].slots == 7
+    cpu = pools([_node(1, {"CPU": 4}, {"CPU": 3})], SETTINGS)
+    assert cpu.pools["cpu"].slots == 3
