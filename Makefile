@@ -84,3 +84,7 @@ bench: setup
 gpu-check: setup
 	$(PY) -m pytest -q tests/unit/training/test_packing.py tests/unit/training/test_device_path.py
 	$(PY) bench/gpu.py
+	# The GPU image's model servers: vLLM's CUDA build (the Dockerfile's VLLM_GPU) in an environment
+	# of its own, on the conformance kit and the sampler.
+	test -x .venv-serve-gpu/bin/python || sh deploy/install-serving.sh .venv-serve-gpu $(TORCH_VERSION) vllm==0.32.0
+	EFT_SERVING_PYTHON=$(CURDIR)/.venv-serve-gpu/bin/python EFT_TEST_BUDGETS=off $(PY) -m pytest -q tests/serving

@@ -10,7 +10,7 @@ import torch
 
 from eft.service.serving.engine import AdapterSource, BaseSource, EngineOptions
 from tests.helpers.adapters import as_checkpoint, random_adapter
-from tests.helpers.paths import REPO, TINY_LLAMA
+from tests.helpers.paths import SERVE_PYTHON, TINY_LLAMA
 
 PROMPTS = [[2, 318, 268, 441, 21], [2, 515, 286, 397]]
 
@@ -19,12 +19,13 @@ PROMPTS = [[2, 318, 268, 441, 21], [2, 515, 286, 397]]
 def sampler(ray_cluster, tmp_path_factory):
     from eft.service.serving.sampler import Sampler
 
-    assert (REPO / ".venv-serve" / "bin" / "python").exists(), "make setup builds the model servers' environment"
+    assert SERVE_PYTHON.exists(), "make setup builds the model servers' environment"
     root = tmp_path_factory.mktemp("sampler")
     first = random_adapter(str(TINY_LLAMA), root / "step-1", seed=11)
     second = as_checkpoint(random_adapter(str(TINY_LLAMA), root / "step-2-adapter", seed=12), root / "step-2")
     handle = Sampler.start(BaseSource(str(TINY_LLAMA)), EngineOptions(cache_dir=str(root / "cache"), max_lora_rank=8,
-                                                                      max_model_len=512))
+                                                                      max_model_len=512),
+                           python=str(SERVE_PYTHON), num_gpus=1 if torch.cuda.is_available() else 0)
     return handle, first, second
 
 

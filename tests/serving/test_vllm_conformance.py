@@ -25,9 +25,8 @@ import pytest
 import torch
 
 from tests.helpers.adapters import as_checkpoint, random_adapter
-from tests.helpers.paths import MODELS, REPO
+from tests.helpers.paths import MODELS, REPO, SERVE_PYTHON
 
-SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 MAX_TOKENS = 12
 QUESTIONS = ["hello there", "What is the first word of: frog fox high king", "Count to five.",
              "Name a colour.", "Say something about the sea", "Why is the sky blue?"]
