@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from eft.api.deps import CurrentPrincipal, JobServiceDep, get_principal
 from eft.api.middleware import REQUEST_ID, RequestContext
 from eft.types.jobs import Caller, ErrorResponse, Health
-from eft.api.routes import artifacts, completions, files, jobs, openai, plan
+from eft.api.routes import artifacts, completions, files, graders, jobs, openai, plan
 from eft.api.routes import logs as logs_routes
 from eft.api.routes import manifest as manifest_routes
 from eft.api.routes import models as models_routes
@@ -154,6 +154,7 @@ def create_app(job_service: JobService, models: Any = None) -> FastAPI:
     app.include_router(files.router, max_body_size=upload_limit, responses=ERROR_RESPONSES)
     app.include_router(files.router, prefix="/v1", max_body_size=upload_limit, include_in_schema=False)
     app.include_router(openai.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
+    app.include_router(graders.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
     app.include_router(models_routes.router, responses=ERROR_RESPONSES)
     app.include_router(completions.router, responses=ERROR_RESPONSES, max_body_size=json_limit)
     app.include_router(logs_routes.router, responses=ERROR_RESPONSES)

@@ -37,8 +37,9 @@ T = TypeVar("T")
 #: time (the scheduler's pass is sequential) by one helper, which keeps the tokenizers and
 #: model inspections it loaded for the next job. The model helpers answer the request path's
 #: questions about a model (its facts, whether its chat template takes a file's records): they
-#: alone import torch and transformers for them.
-POOLS = {"scan": 2, "validate": 1, "model": 2}
+#: alone import torch and transformers for them. The grade helpers check and run a tenant's
+#: reinforcement graders (service/requests/graders.py).
+POOLS = {"scan": 2, "validate": 1, "model": 2, "grade": 2}
 #: How often a call's helper is looked at (its memory, the time) while the call runs.
 WATCH_S = 0.05
 

@@ -330,3 +330,29 @@ async def completions(body: CompletionCreate, request: Request, service: JobServ
         yield _sse("[DONE]")
 
     return _stream(events())
+
+
+def _judge_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content or [] if isinstance(part, dict))
+
+
+async def judge_reply(request: Request, service: Any, tenant: str | None, call: dict[str, Any]) -> tuple[str, str]:
+    """A model grader's judge call (service/requests/graders.py:judge_requests) answered by a model
+    of this service as `tenant`, through the path of `/v1/chat/completions` (its models, slots
+    and token budget): the call's key and the reply's text, or JUDGE_FAILED and why."""
+    from eft.service.requests.graders import JUDGE_FAILED, judge_key
+
+    params = call["sampling_params"]
+    key = judge_key(call["model"], call["messages"], params)
+    messages = [{"role": "system" if m["role"] == "developer" else m["role"], "content": _judge_text(m["content"])}
+                for m in call["messages"]]
+    generation = Generation(messages=messages, max_tokens=params.get("max_completions_tokens"),
+                            temperature=params.get("temperature"), top_p=params.get("top_p"), seed=params.get("seed"))
+    try:
+        items, slot = await _open(request, service, tenant, call["model"], generation)
+        choices, _ = await _collect_while_connected(request, items, slot, 1)
+    except ServiceError as exc:
+        return key, f"{JUDGE_FAILED}: {exc}"
+    return key, "".join(choices[0].text)

@@ -361,3 +361,35 @@ class Completion(_Response):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+
+
+# --- graders (/v1/fine_tuning/alpha/graders) -------------------------------------------------
+
+
+class GraderValidateRequest(_Request):
+    """OpenAI's `graders.validate`: the grader object (string_check, text_similarity, python,
+    score_model, multi), checked as a reinforcement job's grader is."""
+
+    grader: dict[str, Any]
+
+
+class GraderRunRequest(_Request):
+    """OpenAI's `graders.run`: a grader, a model's reply (`{{sample.output_text}}`; parsed as JSON
+    for `{{sample.output_json}}` when it is JSON) and the dataset row it answers (`{{item.*}}`)."""
+
+    grader: dict[str, Any]
+    model_sample: str = Field(..., max_length=65536)
+    item: Any = None
+
+
+class GraderValidateResponse(_Response):
+    grader: dict[str, Any]
+
+
+class GraderRunResponse(_Response):
+    """The reward, and per grader its scores and errors, as OpenAI answers."""
+
+    reward: float
+    metadata: dict[str, Any]
+    sub_rewards: dict[str, Any]
+    model_grader_token_usage_per_model: dict[str, Any]

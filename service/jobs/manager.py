@@ -329,6 +329,21 @@ class JobService:
         warnings, and with a model its token counts. Raises FileNotFound, RequestInvalid."""
         return validate_upload(self.files, self.files.get(file_id, tenant), request, tenant, self.settings)
 
+    def validate_grader(self, grader: dict[str, Any]) -> dict[str, Any]:
+        from eft.service.requests import graders
+
+        return graders.validate(grader)
+
+    def grader_judge_requests(self, grader: dict[str, Any], model_sample: str, item: Any) -> list[dict[str, Any]]:
+        from eft.service.requests import graders
+
+        return graders.judge_requests(grader, model_sample, item)
+
+    def run_grader(self, grader: dict[str, Any], model_sample: str, item: Any, replies: dict[str, str]) -> dict[str, Any]:
+        from eft.service.requests import graders
+
+        return graders.run(grader, model_sample, item, replies)
+
     def plan(self, request: PlanRequest) -> dict[str, Any]:
         """Every candidate configuration of `request` on its cluster, with its memory and
         reason, and the chosen one. Raises RequestInvalid for a model it cannot resolve."""
