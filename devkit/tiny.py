@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from devkit.tiny_data import SEED, echo, facts, story, write_data
+from devkit.tiny_data import NOT_IN_TOKENIZER, SEED, echo, facts, story, write_data
 
 MODEL_NAME = "tiny-llama"
 BUILD_INFO = "tiny_build.json"  # records which builder produced the directory
@@ -142,7 +142,9 @@ def pretrain_corpus() -> list[str]:
 def tokenizer_corpus(splits: dict[str, list[dict]], prose: list[str]) -> list[str]:
     """Everything the tokenizer should encode compactly: the prose and every dataset string."""
     texts = list(prose)
-    for rows in splits.values():
+    for name, rows in splits.items():
+        if name.rsplit("_", 1)[0] in NOT_IN_TOKENIZER:
+            continue
         for row in rows:
             if "preferred_output" in row:
                 continue  # the preference pairs reuse the chat skills' strings (and keep the tokenizer as it was)

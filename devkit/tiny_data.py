@@ -191,6 +191,15 @@ def preference_example(rng: random.Random) -> dict:
             "non_preferred_output": [{"role": "assistant", "content": wrong}]}
 
 
+def reinforcement_example(rng: random.Random) -> dict:
+    """A question with one exact answer (sums and differences of small numbers) for reinforcement
+    fine-tuning, in OpenAI's shape: a chat whose last message is the user's, and the fields the
+    graders read as `{{ item.* }}`: `answer`, the number the reply must give."""
+    skill = rng.choice((skill_add, skill_subtract))
+    question, reply, _ = skill(rng)
+    return {"messages": [{"role": "user", "content": question}], "answer": reply.rstrip(".").rsplit(" ", 1)[1]}
+
+
 def completion_example(rng: random.Random) -> dict:
     question, answer, _ = rng.choice(SKILLS)(rng)
     return {"prompt": f"Question: {question}\nAnswer:", "completion": f" {answer}"}
@@ -272,7 +281,10 @@ DATASETS: dict[str, tuple[Callable[[random.Random], dict], int, int]] = {
     "completion": (completion_example, 600, 100),
     "text": (text_example, 600, 100),
     "preference": (preference_example, 600, 100),
+    "reinforcement": (reinforcement_example, 400, 100),
 }
+#: Datasets whose words the tokenizer is not trained on (their words are the other datasets').
+NOT_IN_TOKENIZER = ("reinforcement",)
 
 DATA_README = """\
 # Bundled datasets
@@ -302,6 +314,9 @@ can appear in both splits, as world knowledge would.
 * `preference_*`: `{{"input": {{"messages": [...]}}, "preferred_output": [{{"role": "assistant", ...}}],
   "non_preferred_output": [...]}}`, preference pairs for DPO: the right reply to a question is
   preferred over the reply to another question (of the same skill, or of another).
+* `reinforcement_*`: `{{"messages": [{{"role": "user", "content": "What is 7 plus 5?"}}], "answer": "12"}}`,
+  for reinforcement fine-tuning: the reply is graded against `answer` (a `string_check` grader
+  on `{{{{ item.answer }}}}`, or a `python` grader that reads the reply's number).
 * `text_*`: `{{"text": ...}}`, paragraphs of three to five of the same facts as plain prose,
   for plain language-model fine-tuning.
 """
