@@ -42,11 +42,14 @@ class _SamplerActor:
         return {"engine": self.engine.kind, "context": self.engine.context}
 
     async def sample(self, prompts: list[list[int]], n: int = 1, max_tokens: int = 256, temperature: float = 1.0,
-                     top_p: float = 1.0, seed: int | None = None, adapter: AdapterSource | None = None,
+                     top_p: float = 1.0, seed: int | None = None, adapter: AdapterSource | dict | None = None,
                      stop: list[str] | None = None, ignore_eos: bool = False) -> list[list[dict[str, Any]]]:
         """`n` samples of each prompt (token ids), all in one batch; prompt i samples with seed
-        `seed + i` (None: unseeded). Raises ValueError for a request the engine refuses."""
+        `seed + i` (None: unseeded); `adapter` an AdapterSource or its fields as a dict (a trainer,
+        which imports nothing of the service's). Raises ValueError for a request the engine refuses."""
         await self.ready()
+        if isinstance(adapter, dict):
+            adapter = AdapterSource(**adapter)
 
         async def group(index: int, ids: list[int]) -> list[dict[str, Any]]:
             request = Request(prompt_ids=ids, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,

@@ -13,6 +13,12 @@ from tests.helpers.adapters import as_checkpoint, random_adapter
 from tests.helpers.paths import SERVE_PYTHON, TINY_LLAMA
 
 PROMPTS = [[2, 318, 268, 441, 21], [2, 515, 286, 397]]
+#: The bundled task's dense grader (docs/api.md): 1 / (1 + distance) of the reply's last number.
+NEAR = """import re
+def grade(sample, item):
+    numbers = re.findall(r"-?\\d+", sample["output_text"])
+    return 1.0 / (1.0 + abs(int(numbers[-1]) - int(item["answer"]))) if numbers else 0.0
+"""
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +69,59 @@ def test_groups_of_samples_with_token_log_probs_from_a_ray_task(sampler):
     sample = groups[0][0]
     expected = _log_probs(first, PROMPTS[0], sample["token_ids"])
     assert max(abs(a - b) for a, b in zip(sample["logprobs"], expected)) < 1e-3, (sample["logprobs"], expected)
+
+
+def test_rollouts_of_the_bundled_task_are_graded_groups_that_train_on_their_completions(sampler):
+    """training/rollouts.py as a trainer's worker runs it (in a Ray task, the policy named by a plain
+    dict): the bundled task's prompts rendered as the model servers render chats, 4 samples each,
+    graded, advantages centred per prompt; the same seed, the same step."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from eft.training.data import IGNORE_INDEX
+    from eft.training.graders import grade
+    from eft.training.rollouts import grade_groups, prompt_of, sample, summary
+    from tests.helpers.paths import DEMO_DATA
+
+    handle, first, _ = sampler
+    # A dense reward (how near the reply's last number is to the answer): the bundled base model is
+    # not instruction-tuned, and exact answers from it are rare.
+    grader = {"type": "python", "name": "near", "source": NEAR}
+    rows = [json.loads(line) for line in (DEMO_DATA / "reinforcement_train.jsonl").read_text().splitlines()[:4]]
+    tokenizer = AutoTokenizer.from_pretrained(TINY_LLAMA)
+    prompts = [prompt_of(row, tokenizer) for row in rows]
+
+    @ray.remote
+    def step(adapter):
+        groups = sample(handle, prompts, n=4, max_tokens=16, temperature=1.0, top_p=1.0, seed=1000, adapter=adapter)
+        return groups, grade_groups(prompts, groups, grader)
+
+    # The policy named by a plain dict reaches the engine as an adapter; the base model's replies
+    # are graded below.
+    assert ray.get(step.remote({"model": "policy", "location": str(first), "kind": "artifact"}))[0] != \
+        ray.get(step.remote(None))[0]
+    policy = None
+    groups, done = ray.get(step.remote(policy))
+    assert len(done.rollouts) == 16 and [len(g) for g in groups] == [4] * 4
+    for i, rollout in enumerate(done.rollouts):
+        prompt, reply = prompts[i // 4], groups[i // 4][i % 4]
+        assert rollout.input_ids == prompt.ids + reply["token_ids"]
+        assert rollout.labels == [IGNORE_INDEX] * len(prompt.ids) + reply["token_ids"]
+        assert rollout.sampler_logprobs == reply["logprobs"] and len(reply["logprobs"]) == len(reply["token_ids"])
+        assert rollout.reward == grade(grader, reply["text"], rows[i // 4]).score
+    for g in range(4):  # each prompt's advantages are its rewards centred (and scaled)
+        group = done.rollouts[4 * g:4 * g + 4]
+        assert abs(sum(r.advantage for r in group)) < 1e-4
+        assert all((r.advantage > 0) == (r.reward > sum(x.reward for x in group) / 4) for r in group
+                   if r.reward != sum(x.reward for x in group) / 4)
+    metrics = summary(done.sums)
+    assert 0 < metrics["reward_mean"] < 1 and metrics["reward_std"] > 0, metrics
+    assert metrics["reward_mean"] == sum(r.reward for r in done.rollouts) / 16
+    assert metrics["response_length"] == sum(len(r.sampler_logprobs) for r in done.rollouts) / 16
+    print(f"\nbundled task, 4 prompts x 4 samples: {metrics}")
+    again, _ = ray.get(step.remote(policy))
+    assert again == groups, "a step sampled again (a resumed run) draws the same replies"
 
 
 def test_an_adapter_refreshed_in_place_samples_with_its_new_weights(sampler):
