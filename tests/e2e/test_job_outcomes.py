@@ -173,7 +173,8 @@ def test_cancel_stops_the_ray_job_and_its_workers(service, tmp_path):
     assert client(url).jobs.cancel(job["id"]).status.value in ("cancelling", "cancelled")
     started = time.monotonic()
     done = wait_for(job["id"], url, {"cancelled"}, timeout_s=120)
-    assert done["finished_at"] and time.monotonic() - started < 60
+    # A minute on a quiet machine; a slower one gets proportionally longer, as every wait here does.
+    assert done["finished_at"] and time.monotonic() - started < 60 * machine_factor()
     ray_jobs = JobSubmissionClient(service["dashboard_url"])
     assert ray_jobs.get_job_status(done["ray_submission_id"]).value == "STOPPED"
     ray_job_id = ray_jobs.get_job_info(done["ray_submission_id"]).job_id
