@@ -51,6 +51,10 @@ def service(ray_cluster, tmp_path_factory):
         # scale back to zero soon after the tests that chat with them.
         "EFT_INFERENCE_CPUS": "0",
         "EFT_INFERENCE_IDLE_S": "20",
+        # A replica that starts from zero loads a vLLM engine (two processes importing vLLM, a
+        # warm-up batch): ~30 s on a quiet machine, minutes on a loaded one. Wait for it up to just
+        # under the tests' client timeout (300 s) instead of the default 120 s.
+        "EFT_INFERENCE_START_TIMEOUT_S": "280",
         # Webhooks to receivers on loopback, as in local mode (`eft up`).
         "EFT_WEBHOOK_ALLOW_LOOPBACK": "true",
         "EFT_WEBHOOK_POLL_INTERVAL_S": "0.5",
