@@ -25,7 +25,7 @@ def test_the_openai_client_runs_a_fine_tuning_job(service, journey, tmp_path):
 
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
-    client = OpenAI(base_url=f"{service['url']}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60)
+    client = OpenAI(base_url=f"{service['url']}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=300)
     # files.create -> fine_tuning.jobs.create, as the journey posted them (payloads.submit_all).
     uploaded, lines, job = journey.openai["upload"], journey.openai["lines"], journey.openai["supervised"]
     assert uploaded.id.startswith("file-") and uploaded.purpose == "fine-tune"
@@ -133,7 +133,7 @@ def test_the_openai_client_runs_a_dpo_job(service, journey, tmp_path):
     service's own webhook sender tells a receiver on loopback, signed as OpenAI signs."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"{service['url']}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60)
+    client = OpenAI(base_url=f"{service['url']}/v1", api_key=ADMIN_KEY, max_retries=0, timeout=300)
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     # The endpoint was registered before the job was created (payloads.submit_all).
     receiver, endpoint, job = journey.receiver, journey.webhook, journey.openai["dpo"]
