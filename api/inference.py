@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import weakref
 import dataclasses
-import os
 from typing import Any, AsyncIterator
 
 from ray import serve
@@ -26,8 +25,6 @@ from ray import serve
 from eft.service.errors import ServiceError
 from eft.service.serving.engine import AdapterSource, BaseSource, InferenceError, Request
 
-#: Base models one replica holds at once (Serve's `max_num_models_per_replica`).
-BASE_MODELS_PER_REPLICA = int(os.environ.get("EFT_INFERENCE_BASE_MODELS_PER_REPLICA", "2"))
 
 
 class ModelsUnavailable(ServiceError):
@@ -64,7 +61,8 @@ class ModelServer:
             self.opened.add(engine)
             return engine
 
-        self.engine = serve.multiplexed(max_num_models_per_replica=BASE_MODELS_PER_REPLICA)(load)
+        # Base models one replica holds at once: the count its memory is split between.
+        self.engine = serve.multiplexed(max_num_models_per_replica=self.options.base_models)(load)
 
     def check_health(self) -> None:
         """An engine whose vLLM process died fails the replica's health check: Serve replaces the

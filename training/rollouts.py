@@ -80,12 +80,11 @@ def grade_groups(prompts: Sequence[Prompt], groups: Sequence[Sequence[Mapping[st
     if len(sizes) != 1:
         raise ValueError(f"every prompt needs the same number of samples, got {sorted(sizes)}")
     n = sizes.pop()
-    pairs = [(sample["text"], prompt.item) for prompt, group in zip(prompts, groups) for sample in group]
-    rewards = [result.score for result in grade_many(grader, pairs, judge=judge)]
+    flat = [(prompt, sample) for prompt, group in zip(prompts, groups) for sample in group]
+    rewards = [result.score for result in grade_many(grader, [(s["text"], p.item) for p, s in flat], judge=judge)]
     advantages = group_advantages(torch.tensor(rewards), n, scale).tolist()
     rollouts, sums = [], {"reward": 0.0, "reward_sq": 0.0, "passed": 0.0, "completion_tokens": 0.0,
                           "truncated": 0.0, "replies": 0.0}
-    flat = [(prompt, sample) for prompt, group in zip(prompts, groups) for sample in group]
     for (prompt, sample_), reward, advantage in zip(flat, rewards, advantages):
         completion = list(sample_["token_ids"])
         rollouts.append(Rollout(input_ids=prompt.ids + completion, labels=[IGNORE_INDEX] * len(prompt.ids) + completion,
