@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml deploy/install.sh deploy/constraints.txt
 
 # vLLM pins versions the training side must not inherit (deploy/install-serving.sh says which);
 # about 3.5 GB and 3-6 minutes the first time, a minute from pip's cache.
-$(SERVE_STAMP): deploy/install-serving.sh deploy/constraints.txt
+$(SERVE_STAMP): deploy/install-serving.sh deploy/constraints.txt pyproject.toml
 	PYTHON=$(PYTHON) sh deploy/install-serving.sh $(SERVE_VENV) $(TORCH_VERSION)
 	touch $(SERVE_STAMP)
 

@@ -47,10 +47,11 @@ def service(ray_cluster, tmp_path_factory):
         # at one worker, and these tests are about the resizes themselves.
         "EFT_RESIZE_COST_S": "0",
         "EFT_SCHEDULER_GOODPUT": "false",
-        # The model servers take no CPU of the cluster's (training tests count them) and
-        # scale back to zero soon after the tests that chat with them.
+        # The model servers take no CPU of the cluster's (training tests count them). A replica
+        # stays up between the modules that chat (an idle vLLM engine costs ~5% of a core; each
+        # start from zero ~30 s of both cores) and goes after the last of them.
         "EFT_INFERENCE_CPUS": "0",
-        "EFT_INFERENCE_IDLE_S": "20",
+        "EFT_INFERENCE_IDLE_S": "600",
         # A replica that starts from zero loads a vLLM engine (two processes importing vLLM, a
         # warm-up batch): ~30 s on a quiet machine, minutes on a loaded one. Wait for it up to just
         # under the tests' client timeout (300 s) instead of the default 120 s.

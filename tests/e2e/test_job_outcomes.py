@@ -135,24 +135,16 @@ def test_qlora_job_trains_on_4bit_base_weights(service, journey):
     assert loaded["linear4bit"] == 28 and loaded["changed"] > 1e-3
 
 
-def test_cancel_stops_the_ray_job_and_its_workers(service, tmp_path):
-    """A running job's checkpoint answers chat through the model servers before the job ends.
-    Cancelling kills the attempt's Ray Job: its workers and controller end, and its placement
-    group goes with the job (no detached cleaner is needed for that)."""
+def _chat_with_a_checkpoint_of_the_running_job(url: str, job: dict, tmp_path) -> None:
+    """The job's latest kept checkpoint answers chat through the model servers, as plain PEFT
+    answers from its weights, while the job still runs."""
     from openai import OpenAI
-    from ray.job_submission import JobSubmissionClient
-    from ray.util.state import list_actors, list_placement_groups
 
     from eft.service.settings import BUNDLED_ASSETS
     from eft.training.checkpoint import load_trainable
     from tests.helpers.reference import reference_reply
     from tests.helpers.service_api import ADMIN_KEY
 
-    url = service["url"]
-    # Under DeepSpeed ZeRO-2, so the service path runs a sharded strategy too.
-    body = {**LORA_JOB, "hyperparameters": {**LORA_JOB["hyperparameters"], "max_steps": 100000},
-            "name": "e2e-cancel", "strategy": "zero2", "checkpoint": {"every_steps": 5, "keep": 20}, "trackers": {}}
-    job = post(url, body)
     deadline = time.monotonic() + 300 * machine_factor()
     while not (kept := [c for c in as_json(client(url).jobs.checkpoints(job["id"]))["data"] if c["available"]]):
         assert time.monotonic() < deadline, "the job never kept a checkpoint"
@@ -170,8 +162,29 @@ def test_cancel_stops_the_ray_job_and_its_workers(service, tmp_path):
         BUNDLED_ASSETS / "models" / "tiny-llama", tmp_path / "checkpoint" / "adapter", question,
         max_new_tokens=12, state=state)
     assert reply.usage.completion_tokens <= 12 and reply.model == checkpoint["model"]
-    assert client(url).jobs.cancel(job["id"]).status.value in ("cancelling", "cancelled")
-    started = time.monotonic()
+
+
+def test_cancel_stops_the_ray_job_and_its_workers(service, tmp_path):
+    """A running job's checkpoint answers chat through the model servers before the job ends.
+    Cancelling kills the attempt's Ray Job: its workers and controller end, and its placement
+    group goes with the job (no detached cleaner is needed for that)."""
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_actors, list_placement_groups
+
+    url = service["url"]
+    # Under DeepSpeed ZeRO-2, so the service path runs a sharded strategy too.
+    body = {**LORA_JOB, "hyperparameters": {**LORA_JOB["hyperparameters"], "max_steps": 100000},
+            "name": "e2e-cancel", "strategy": "zero2", "trackers": {},
+            # Every checkpoint kept while the test chats with one (up to 1000 steps): a pruned one
+            # would answer 404.
+            "checkpoint": {"every_steps": 10, "keep": 100}}
+    job = post(url, body)
+    try:
+        _chat_with_a_checkpoint_of_the_running_job(url, job, tmp_path)
+    finally:  # cancelled whatever the chat did: a job of 100000 steps left running would slow the tier
+        cancelling = client(url).jobs.cancel(job["id"]).status.value
+        started = time.monotonic()
+    assert cancelling in ("cancelling", "cancelled")
     done = wait_for(job["id"], url, {"cancelled"}, timeout_s=120)
     # A minute on a quiet machine; a slower one gets proportionally longer, as every wait here does.
     assert done["finished_at"] and time.monotonic() - started < 60 * machine_factor()

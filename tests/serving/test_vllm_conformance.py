@@ -2,7 +2,9 @@
 families: greedy completions of a fixed prompt set, from the base model and from two adapters of it
 in one batch (one of them given as a job's checkpoint, which the engine writes out as a PEFT
 directory), equal up to the first end-of-sequence on at least 95% of the prompts, per model; and
-every chat family's template renders in the model servers' environment as in training's.
+every chat family's template renders in the model servers' environment as in training's. The two
+adapters fill the engine's two adapter slots, so base-model rows share their batches with a full
+set of slots (where vLLM's CPU ops, unpatched, gave them the last slot's adapter).
 
 An engine costs ~15 s to start on two cores (two processes that import vLLM), so the greedy
 comparison runs on one family per kind of model config (architecture, rope scaling, attention

@@ -34,7 +34,9 @@ async def _family(spec: dict, max_tokens: int, cache_dir: str) -> dict:
     started = time.monotonic()
     try:
         engine = await asyncio.to_thread(VllmEngine, BaseSource(spec["path"]), EngineOptions(
-            cache_dir=cache_dir, max_lora_rank=8, adapters_per_batch=4, max_model_len=512))
+            # Two slots for the two adapters: every slot holds one, the batch where vLLM's CPU ops
+            # gave base-model rows the last slot's adapter (service/serving/vllm_plugin.py).
+            cache_dir=cache_dir, max_lora_rank=8, adapters_per_batch=2, max_model_len=512))
     except UnsupportedModel as exc:
         return {"unsupported": str(exc)}
     result: dict = {"start_s": time.monotonic() - started,
